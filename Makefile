@@ -1,0 +1,27 @@
+# Two commands a newcomer needs: `make serve` and `make test`. Both set up .venv first.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+REPO := examples/model_repository
+
+.PHONY: setup models serve test clean
+
+$(STAMP): pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[test]'
+	touch $(STAMP)
+
+setup: $(STAMP) models
+
+models: $(STAMP)
+	$(PY) -m gebackend.modelzoo $(REPO)
+
+serve: setup
+	$(VENV)/bin/gebackend serve $(REPO)
+
+test: setup
+	$(PY) -m pytest
+
+clean:
+	rm -rf $(VENV) $(REPO)/*/[0-9]*/

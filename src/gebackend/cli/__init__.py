@@ -1,0 +1,1 @@
+"""The `gebackend` command line."""

@@ -1,0 +1,1 @@
+"""Configuration: config.pbtxt and backend options in, one typed `ModelSpec` out."""

@@ -1,0 +1,182 @@
+"""Backend options: the known keys, their parsers and defaults, and how the global and per-model sources merge.
+
+Options reach a model from two places, merged in this order (later wins):
+1. global: `gebackend serve --backend-config ge,KEY=VALUE` (also `npu_ge,`), carried to the backend
+   process as JSON in the environment variable `GE_BACKEND_CONFIG` (Triton drops `--backend-config`
+   for Python-based backends before it reaches `model.py`);
+2. per model: `parameters { key: "KEY" value: { string_value: "VALUE" } }` in config.pbtxt.
+
+Keys follow Triton's onnxruntime_backend where it has them; Ascend ge-backend's keys are accepted
+under their own names. Unknown keys are returned so the caller reports them once at load.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+from gebackend.errors import ConfigError
+
+ENV_VAR = "GE_BACKEND_CONFIG"
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+
+def _bool(text: str) -> bool:
+    low = text.strip().lower()
+    if low in _TRUE:
+        return True
+    if low in _FALSE:
+        return False
+    raise ValueError(f"expected one of {sorted(_TRUE | _FALSE)}")
+
+
+def _non_negative_int(text: str) -> int:
+    value = int(text.strip())
+    if value < 0:
+        raise ValueError("expected an integer >= 0")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    value = int(text.strip())
+    if value < 1:
+        raise ValueError("expected an integer >= 1")
+    return value
+
+
+def _choice(mapping: Mapping[str, str]) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        low = text.strip().lower()
+        if low not in mapping:
+            raise ValueError(f"expected one of {sorted(mapping)}")
+        return mapping[low]
+
+    return parse
+
+
+_EXECUTION_MODES = {"0": "sequential", "sequential": "sequential", "1": "parallel", "parallel": "parallel"}
+_OPT_LEVELS = {
+    "disable": "disable", "disabled": "disable", "none": "disable",
+    "basic": "basic", "extended": "extended", "all": "all",
+}
+
+
+@dataclass(frozen=True)
+class BackendOptions:
+    """Every option a model can set, typed, with its default."""
+
+    intra_op_thread_count: int = 0  # 0: the engine's default
+    inter_op_thread_count: int = 0
+    execution_mode: str = "sequential"
+    enable_mem_arena: bool = True
+    enable_mem_pattern: bool = True
+    graph_optimization_level: str = "all"
+    default_max_batch_size: int = 8
+    static_model: bool = False
+
+
+# key -> (field name, parser). Aliases map several keys onto one field.
+_KEYS: dict[str, tuple[str, Callable[[str], Any]]] = {
+    "intra_op_thread_count": ("intra_op_thread_count", _non_negative_int),
+    "inter_op_thread_count": ("inter_op_thread_count", _non_negative_int),
+    "execution_mode": ("execution_mode", _choice(_EXECUTION_MODES)),
+    "enable_mem_arena": ("enable_mem_arena", _bool),
+    "enable_mem_pattern": ("enable_mem_pattern", _bool),
+    "graph_optimization_level": ("graph_optimization_level", _choice(_OPT_LEVELS)),
+    "default_max_batch_size": ("default_max_batch_size", _positive_int),
+    "static_model": ("static_model", _bool),
+}
+
+KNOWN_KEYS = frozenset(_KEYS)
+
+
+@dataclass(frozen=True)
+class ParsedOptions:
+    options: BackendOptions
+    unknown: tuple[str, ...] = ()  # keys nobody understood, to be reported once at load
+    sources: Mapping[str, str] = field(default_factory=dict)  # key -> "global" | "model"
+
+
+def global_options_from_env(environ: Mapping[str, str] = os.environ) -> dict[str, str]:
+    """The `--backend-config ge,...` options the CLI put in the environment."""
+    raw = environ.get(ENV_VAR, "")
+    if not raw:
+        return {}
+    try:
+        data = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{ENV_VAR} is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{ENV_VAR} must be a JSON object of KEY: VALUE")
+    return {str(k): str(v) for k, v in data.items()}
+
+
+def model_parameters(model_config: Mapping[str, Any]) -> dict[str, str]:
+    """config.pbtxt `parameters`, as Triton's JSON gives them ({key: {"string_value": v}})."""
+    params = model_config.get("parameters") or {}
+    out = {}
+    for key, value in params.items():
+        out[key] = value.get("string_value", "") if isinstance(value, Mapping) else str(value)
+    return out
+
+
+def graph_level_from_config(model_config: Mapping[str, Any]) -> str | None:
+    """config.pbtxt `optimization { graph { level } }`, read as Triton's onnxruntime_backend reads it."""
+    level = ((model_config.get("optimization") or {}).get("graph") or {}).get("level")
+    if level in (None, 0, "0"):
+        return None
+    return {-1: "basic", 1: "extended"}.get(int(level), "all")
+
+
+def parse_options(
+    model_name: str,
+    global_options: Mapping[str, str],
+    model_options: Mapping[str, str],
+    model_config: Mapping[str, Any] | None = None,
+) -> ParsedOptions:
+    """Merge global and per-model options into typed `BackendOptions`; per-model values win."""
+    values: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    unknown: list[str] = []
+    if model_config is not None and (level := graph_level_from_config(model_config)):
+        values["graph_optimization_level"] = level
+        sources["graph_optimization_level"] = "optimization.graph.level"
+    for source, options in (("global", global_options), ("model", model_options)):
+        for key, text in options.items():
+            if key not in _KEYS:
+                if key not in unknown:
+                    unknown.append(key)
+                continue
+            name, parse = _KEYS[key]
+            try:
+                values[name] = parse(str(text))
+            except ValueError as exc:
+                where = "--backend-config" if source == "global" else "config.pbtxt parameters"
+                raise ConfigError(
+                    f"model '{model_name}': option {key}={text!r} (from {where}) is invalid: {exc}"
+                ) from None
+            sources[key] = source
+    return ParsedOptions(BackendOptions(**values), tuple(unknown), sources)
+
+
+def parse_backend_config_args(args: list[str], backend_names: tuple[str, ...] = ("ge", "npu_ge")) -> tuple[dict[str, str], list[str]]:
+    """Split `--backend-config NAME,KEY=VALUE` arguments into ours and Triton's own.
+
+    Returns (our options, the arguments meant for other backends, passed to tritonserver unchanged).
+    """
+    ours: dict[str, str] = {}
+    others: list[str] = []
+    for arg in args:
+        name, sep, rest = arg.partition(",")
+        if sep and name in backend_names:
+            key, eq, value = rest.partition("=")
+            if not eq or not key:
+                raise ConfigError(f"--backend-config {arg!r}: expected {name},KEY=VALUE")
+            ours[key.strip()] = value.strip()
+        else:
+            others.append(arg)
+    return ours, others

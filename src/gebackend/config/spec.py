@@ -1,0 +1,189 @@
+"""The typed model spec every later layer works from, and how config.pbtxt and the ONNX file are reconciled.
+
+`reconcile` is the single place where config.pbtxt meets the ONNX signature: it fills what the
+config omits (auto-complete) and refuses what contradicts the file, naming the model, the tensor
+and both values. `build_model_spec` turns a complete config into a `ModelSpec`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from gebackend.config import dtypes
+from gebackend.config.onnx_signature import Dim, OnnxTensor, Signature
+from gebackend.config.options import BackendOptions
+from gebackend.errors import ConfigError
+
+_SCHEDULERS = ("dynamic_batching", "sequence_batching", "ensemble_scheduling")
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One input or output as a request sees it: the batch dim, if any, is not part of `dims`."""
+
+    name: str
+    dtype: dtypes.DType
+    dims: tuple[int, ...]  # -1: any size
+    labels: tuple[str | None, ...]  # the ONNX dim_param of each dim, to check named dims agree across inputs
+
+    def config_entry(self) -> dict[str, Any]:
+        return {"name": self.name, "data_type": self.dtype.triton, "dims": list(self.dims)}
+
+
+@dataclass(frozen=True)
+class Reconciled:
+    max_batch_size: int
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    enable_dynamic_batching: bool
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    path: Path
+    max_batch_size: int
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    options: BackendOptions
+
+    @property
+    def batching(self) -> bool:
+        return self.max_batch_size > 0
+
+    def input(self, name: str) -> TensorSpec | None:
+        return next((t for t in self.inputs if t.name == name), None)
+
+
+def _config_dims(entry: Mapping[str, Any]) -> list[int] | None:
+    dims = entry.get("dims")
+    if dims is None or len(dims) == 0:
+        return None
+    return [int(d) for d in dims]
+
+
+def _batch_capable(tensor: OnnxTensor) -> bool:
+    return tensor.rank >= 1 and not isinstance(tensor.shape[0], int)
+
+
+def _decide_batching(
+    model: str, config: Mapping[str, Any], tensors: Sequence[tuple[Mapping[str, Any] | None, OnnxTensor]]
+) -> bool:
+    max_batch_size = int(config.get("max_batch_size") or 0)
+    if max_batch_size > 0:
+        for _, tensor in tensors:
+            if not _batch_capable(tensor):
+                dim0 = tensor.shape[0] if tensor.rank else "none (a scalar)"
+                raise ConfigError(
+                    f"model '{model}': max_batch_size is {max_batch_size} but tensor '{tensor.name}' has "
+                    f"dim 0 = {dim0} in the ONNX file, not a variable batch dim; set max_batch_size: 0 "
+                    f"or export the model with a dynamic batch axis"
+                )
+        return True
+    if not all(_batch_capable(t) for _, t in tensors):
+        return False
+    # dim 0 is symbolic everywhere: batch, unless the config spelled dims out at full rank.
+    for entry, tensor in tensors:
+        dims = _config_dims(entry) if entry else None
+        if dims is not None and len(dims) == tensor.rank:
+            return False
+    return True
+
+
+def _merge_tensor(model: str, kind: str, entry: Mapping[str, Any] | None, tensor: OnnxTensor, batching: bool) -> TensorSpec:
+    onnx_dims: tuple[Dim, ...] = tensor.shape[1:] if batching else tensor.shape
+    if entry is not None:
+        declared = entry.get("data_type")
+        if declared and declared != "TYPE_INVALID" and declared != tensor.dtype.triton:
+            raise ConfigError(
+                f"model '{model}': {kind} '{tensor.name}' has data_type {declared} in config.pbtxt "
+                f"but {tensor.dtype.triton} in the ONNX file"
+            )
+    config_dims = _config_dims(entry) if entry else None
+    if config_dims is None:
+        dims = tuple(d if isinstance(d, int) else -1 for d in onnx_dims)
+    else:
+        if len(config_dims) != len(onnx_dims):
+            batch_note = " (not counting the batch dim, since max_batch_size > 0)" if batching else ""
+            raise ConfigError(
+                f"model '{model}': {kind} '{tensor.name}' has dims {config_dims} (rank {len(config_dims)}) "
+                f"in config.pbtxt but the ONNX file's shape {_show(onnx_dims)} has rank {len(onnx_dims)}{batch_note}"
+            )
+        merged = []
+        for axis, (c, o) in enumerate(zip(config_dims, onnx_dims)):
+            if isinstance(o, int) and c != -1 and c != o:
+                raise ConfigError(
+                    f"model '{model}': {kind} '{tensor.name}' dim {axis} is {c} in config.pbtxt "
+                    f"but {o} in the ONNX file (shape {_show(onnx_dims)})"
+                )
+            merged.append(o if isinstance(o, int) else c)
+        dims = tuple(merged)
+    labels = tuple(d if isinstance(d, str) else None for d in onnx_dims)
+    return TensorSpec(tensor.name, tensor.dtype, dims, labels)
+
+
+def _show(shape: Sequence[Dim]) -> str:
+    return "[" + ", ".join("?" if d is None else str(d) for d in shape) + "]"
+
+
+def _pair(
+    model: str, kind: str, entries: Sequence[Mapping[str, Any]], onnx_tensors: Sequence[OnnxTensor], fill: bool
+) -> list[tuple[Mapping[str, Any] | None, OnnxTensor]]:
+    by_name = {t.name: t for t in onnx_tensors}
+    pairs = []
+    for entry in entries:
+        name = entry.get("name", "")
+        if name not in by_name:
+            raise ConfigError(
+                f"model '{model}': config.pbtxt declares {kind} '{name}' but the ONNX file's {kind}s are "
+                f"{sorted(by_name)}"
+            )
+        pairs.append((entry, by_name[name]))
+    declared = {entry.get("name") for entry in entries}
+    missing = [t for t in onnx_tensors if t.name not in declared]
+    if kind == "input" and missing and entries and not fill:
+        raise ConfigError(
+            f"model '{model}': config.pbtxt omits input(s) {[t.name for t in missing]} that the ONNX file requires"
+        )
+    if fill or not entries:
+        pairs.extend((None, t) for t in missing)
+    return pairs
+
+
+def reconcile(
+    model: str, config: Mapping[str, Any], signature: Signature, default_max_batch_size: int, fill: bool = True
+) -> Reconciled:
+    """Check config.pbtxt against the ONNX signature; return the complete I/O and batching settings.
+
+    With `fill`, tensors the config omits are taken from the ONNX file (auto-complete); without it
+    (after Triton has completed the config) an omitted required input is an error.
+    """
+    inputs = _pair(model, "input", config.get("input") or [], signature.inputs, fill)
+    outputs = _pair(model, "output", config.get("output") or [], signature.outputs, fill)
+    batching = _decide_batching(model, config, inputs + outputs)
+    max_batch_size = int(config.get("max_batch_size") or 0)
+    if batching and max_batch_size == 0:
+        max_batch_size = default_max_batch_size
+    enable_dynamic = batching and not any(k in config for k in _SCHEDULERS)
+    return Reconciled(
+        max_batch_size=max_batch_size,
+        inputs=tuple(_merge_tensor(model, "input", e, t, batching) for e, t in inputs),
+        outputs=tuple(_merge_tensor(model, "output", e, t, batching) for e, t in outputs),
+        enable_dynamic_batching=enable_dynamic,
+    )
+
+
+def build_model_spec(
+    config: Mapping[str, Any], signature: Signature, path: Path, options: BackendOptions
+) -> ModelSpec:
+    """The spec of a model whose config Triton has already completed."""
+    name = config.get("name", "")
+    result = reconcile(name, config, signature, options.default_max_batch_size, fill=False)
+    if result.max_batch_size != int(config.get("max_batch_size") or 0):
+        raise ConfigError(
+            f"model '{name}': the ONNX file has a variable batch dim on every tensor but config.pbtxt sets "
+            f"max_batch_size: 0 without spelling out full-rank dims; set max_batch_size or the dims"
+        )
+    return ModelSpec(name, path, result.max_batch_size, result.inputs, result.outputs, options)

@@ -1,0 +1,48 @@
+"""In-code ONNX model zoo: builders for the example models (ResNet, BERT, tiny test graphs) and the example-repository writer."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import onnx
+
+from .bert import build_bert
+from .misc import build_add_mul, build_identity_fixed
+from .resnet import build_resnet
+
+__all__ = [
+    "EXAMPLE_MODELS",
+    "build_add_mul",
+    "build_bert",
+    "build_example_repository",
+    "build_identity_fixed",
+    "build_resnet",
+]
+
+#: Example model directory name -> builder producing its ``1/model.onnx``.
+EXAMPLE_MODELS: dict[str, Callable[[], onnx.ModelProto]] = {
+    "resnet_ge": build_resnet,
+    "bert_ge": build_bert,
+    "resnet_npu_ge": build_resnet,
+}
+
+
+def build_example_repository(repo_dir: str | os.PathLike, force: bool = False) -> list[Path]:
+    """Write ``<repo_dir>/<name>/1/model.onnx`` for each known example dir that has a ``config.pbtxt``.
+
+    Existing model files are kept unless ``force``. Returns the paths written.
+    """
+    written: list[Path] = []
+    for model_dir in sorted(Path(repo_dir).iterdir()):
+        builder = EXAMPLE_MODELS.get(model_dir.name)
+        if builder is None or not (model_dir / "config.pbtxt").is_file():
+            continue
+        target = model_dir / "1" / "model.onnx"
+        if target.exists() and not force:
+            continue
+        target.parent.mkdir(parents=True, exist_ok=True)
+        onnx.save(builder(), target)
+        written.append(target)
+    return written

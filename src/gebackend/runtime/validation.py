@@ -1,0 +1,72 @@
+"""Checks one request's inputs against the model spec before any engine sees them.
+
+Every failure is an `InvalidRequest` whose message names the model, the input, what was
+expected and what was sent, so a client can fix its request from the message alone.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+import numpy as np
+
+from gebackend.config.spec import ModelSpec, TensorSpec
+from gebackend.errors import InvalidRequest
+
+
+def _fmt(dims) -> str:
+    return "[" + ", ".join(str(d) for d in dims) + "]"
+
+
+def _expected_shape(spec: ModelSpec, tensor: TensorSpec) -> str:
+    dims = (["batch"] if spec.batching else []) + [str(d) if d != -1 else (label or "?") for d, label in zip(tensor.dims, tensor.labels)]
+    return "[" + ", ".join(dims) + "]"
+
+
+def validate_request(spec: ModelSpec, inputs: Mapping[str, np.ndarray]) -> None:
+    """Raise `InvalidRequest` unless `inputs` can run on the model described by `spec`."""
+    model = spec.name
+    expected_names = [t.name for t in spec.inputs]
+    unknown = sorted(set(inputs) - set(expected_names))
+    if unknown:
+        raise InvalidRequest(f"model '{model}' has no input {unknown[0]!r}; its inputs are {expected_names}")
+    missing = [n for n in expected_names if n not in inputs]
+    if missing:
+        raise InvalidRequest(f"model '{model}': input {missing[0]!r} is missing; the model needs {expected_names}")
+
+    named: dict[str, tuple[int, str]] = {}  # dim label -> (size, input that set it)
+    batch_size: tuple[int, str] | None = None
+    for tensor in spec.inputs:
+        array = inputs[tensor.name]
+        where = f"model '{model}', input '{tensor.name}'"
+        if array.dtype != tensor.dtype.numpy:
+            got = "BYTES" if array.dtype == np.object_ else str(array.dtype)
+            raise InvalidRequest(f"{where}: expected data type {tensor.dtype.wire}, got {got}")
+        offset = 1 if spec.batching else 0
+        if array.ndim != len(tensor.dims) + offset:
+            raise InvalidRequest(
+                f"{where}: expected shape {_expected_shape(spec, tensor)} (rank {len(tensor.dims) + offset}), "
+                f"got {_fmt(array.shape)} (rank {array.ndim})"
+            )
+        if 0 in array.shape:
+            raise InvalidRequest(f"{where}: got an empty tensor of shape {_fmt(array.shape)}")
+        if spec.batching:
+            rows = array.shape[0]
+            if rows > spec.max_batch_size:
+                raise InvalidRequest(f"{where}: batch size {rows} exceeds the model's max_batch_size {spec.max_batch_size}")
+            if batch_size is not None and rows != batch_size[0]:
+                raise InvalidRequest(f"{where}: batch size {rows} differs from input '{batch_size[1]}' ({batch_size[0]})")
+            batch_size = (rows, tensor.name)
+        for axis, (want, label, got) in enumerate(zip(tensor.dims, tensor.labels, array.shape[offset:])):
+            if want != -1 and got != want:
+                raise InvalidRequest(
+                    f"{where}: expected shape {_expected_shape(spec, tensor)}, got {_fmt(array.shape)} "
+                    f"(dim {axis + offset} must be {want})"
+                )
+            if label is not None:
+                seen = named.setdefault(label, (got, tensor.name))
+                if seen[0] != got:
+                    raise InvalidRequest(
+                        f"{where}: dim '{label}' is {got} but input '{seen[1]}' has '{label}' = {seen[0]}; "
+                        f"they must be equal (shape sent {_fmt(array.shape)})"
+                    )

@@ -1,0 +1,121 @@
+"""Between Triton's Python backend API and gebackend: config auto-complete, loading, tensors and status codes.
+
+`pb_utils` (Triton's `triton_python_backend_utils`) exists only inside the backend stub process,
+so it is passed in rather than imported; everything else here is plain Python.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from gebackend.config.model_file import find_model_file, latest_version_dir, model_dir_in_repositories
+from gebackend.config.onnx_signature import read_signature
+from gebackend.config.options import ParsedOptions, global_options_from_env, model_parameters, parse_options
+from gebackend.config.spec import ModelSpec, build_model_spec, reconcile
+from gebackend.engines import create_engine
+from gebackend.errors import GeBackendError, InvalidRequest
+from gebackend.runtime.executor import Executor
+
+
+def _options(name: str, config: dict) -> ParsedOptions:
+    return parse_options(name, global_options_from_env(), model_parameters(config), config)
+
+
+def auto_complete(auto_complete_model_config: Any, pb_utils: Any) -> Any:
+    """Fill inputs, outputs, max_batch_size and dynamic batching from the ONNX file (Triton's auto-complete hook)."""
+    config = auto_complete_model_config.as_dict()
+    name = config["name"]
+    try:
+        version_dir = latest_version_dir(model_dir_in_repositories(name))
+        path = find_model_file(version_dir, config.get("default_model_filename", ""))
+        parsed = _options(name, config)
+        result = reconcile(name, config, read_signature(path), parsed.options.default_max_batch_size)
+    except GeBackendError as exc:
+        raise ValueError(_named(name, str(exc))) from None
+    declared = {e["name"]: e for e in (config.get("input") or []) + (config.get("output") or [])}
+    for tensor, add in [(t, auto_complete_model_config.add_input) for t in result.inputs] + [
+        (t, auto_complete_model_config.add_output) for t in result.outputs
+    ]:
+        entry = tensor.config_entry()
+        if declared.get(tensor.name, {}).get("dims"):
+            entry["dims"] = list(declared[tensor.name]["dims"])  # keep what the user wrote
+        add(entry)
+    if result.max_batch_size != int(config.get("max_batch_size") or 0):
+        auto_complete_model_config.set_max_batch_size(result.max_batch_size)
+    if result.enable_dynamic_batching:
+        auto_complete_model_config.set_dynamic_batching()
+    return auto_complete_model_config
+
+
+def _named(model: str, message: str) -> str:
+    return message if f"'{model}'" in message else f"model '{model}': {message}"
+
+
+class ServedModel:
+    """One loaded instance of a model: its spec and executor, speaking pb_utils at the edges."""
+
+    def __init__(self, spec: ModelSpec, executor: Executor, pb_utils: Any):
+        self.spec = spec
+        self.executor = executor
+        self.pb = pb_utils
+
+    @classmethod
+    def load(cls, args: dict, pb_utils: Any) -> "ServedModel":
+        log = pb_utils.Logger
+        config = json.loads(args["model_config"])
+        name = args["model_name"]
+        started = time.perf_counter()
+        try:
+            version_dir = Path(args["model_repository"]) / str(args["model_version"])
+            path = find_model_file(version_dir, config.get("default_model_filename", ""))
+            parsed = _options(name, config)
+            if parsed.unknown:
+                log.log_warn(f"gebackend: model '{name}': unknown option(s) ignored: {', '.join(parsed.unknown)}")
+            if parsed.options.static_model:
+                raise GeBackendError("static_model=1 is not supported by this version yet; remove it or set 0")
+            spec = build_model_spec(config, read_signature(path), path, parsed.options)
+            engine = create_engine(spec)
+        except GeBackendError as exc:
+            raise RuntimeError(_named(name, str(exc))) from None
+        log.log_info(
+            f"gebackend: model '{name}' instance '{args['model_instance_name']}' loaded {path.name} in "
+            f"{time.perf_counter() - started:.2f}s: dynamic graph, max_batch_size={spec.max_batch_size}, "
+            f"{engine.describe()}"
+        )
+        return cls(spec, Executor(spec, engine), pb_utils)
+
+    def execute(self, requests: list) -> list:
+        pb = self.pb
+        batch = [{t.name(): _to_engine(t.as_numpy()) for t in request.inputs()} for request in requests]
+        results = self.executor.execute(batch)
+        responses = []
+        for request, result in zip(requests, results):
+            if isinstance(result, BaseException):
+                code = pb.TritonError.INVALID_ARG if isinstance(result, InvalidRequest) else pb.TritonError.INTERNAL
+                responses.append(pb.InferenceResponse(output_tensors=[], error=pb.TritonError(str(result), code)))
+                continue
+            wanted = request.requested_output_names() or list(result)
+            tensors = [pb.Tensor(name, _to_triton(result[name])) for name in wanted if name in result]
+            responses.append(pb.InferenceResponse(output_tensors=tensors))
+        return responses
+
+    def close(self) -> None:
+        self.executor.close()
+
+
+def _to_engine(array: np.ndarray) -> np.ndarray:
+    """Triton hands BYTES tensors over as objects of `bytes`; ONNX Runtime wants `str`."""
+    if array.dtype == np.object_:
+        return np.vectorize(lambda v: v.decode("utf-8") if isinstance(v, bytes) else v, otypes=[object])(array)
+    return array
+
+
+def _to_triton(array: np.ndarray) -> np.ndarray:
+    if array.dtype == np.object_:
+        return np.vectorize(lambda v: v.encode("utf-8") if isinstance(v, str) else v, otypes=[object])(array)
+    return np.ascontiguousarray(array)
