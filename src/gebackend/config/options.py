@@ -174,9 +174,10 @@ def parse_backend_config_args(args: list[str], backend_names: tuple[str, ...] = 
         name, sep, rest = arg.partition(",")
         if sep and name in backend_names:
             key, eq, value = rest.partition("=")
+            key = key.strip()
             if not eq or not key:
                 raise ConfigError(f"--backend-config {arg!r}: expected {name},KEY=VALUE")
-            ours[key.strip()] = value.strip()
+            ours[key] = value.strip()
         else:
             others.append(arg)
     return ours, others

@@ -1,0 +1,85 @@
+"""Talk to a running `gebackend serve` over HTTP and gRPC with tritonclient, and check every answer.
+
+    .venv/bin/python examples/client.py [--http localhost:8000] [--grpc localhost:8001] [--repo examples/model_repository]
+
+For every ready model it sends a random request over both protocols and compares the outputs with
+onnxruntime run directly on the same ONNX file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import np_to_triton_dtype, triton_to_np_dtype
+
+HERE = Path(__file__).resolve().parent
+
+
+def random_inputs(metadata: dict, rng: np.random.Generator, batch: int = 2, free_dim: int = 8) -> dict[str, np.ndarray]:
+    feeds = {}
+    for tensor in metadata["inputs"]:
+        shape = [int(d) for d in tensor["shape"]]
+        shape = [batch if i == 0 and d == -1 else (free_dim if d == -1 else d) for i, d in enumerate(shape)]
+        dtype = triton_to_np_dtype(tensor["datatype"])
+        if np.issubdtype(dtype, np.floating):
+            feeds[tensor["name"]] = rng.standard_normal(shape).astype(dtype)
+        else:
+            feeds[tensor["name"]] = rng.integers(0, 2, size=shape).astype(dtype)  # token ids and masks alike
+    return feeds
+
+
+def infer(module, client, model: str, feeds: dict[str, np.ndarray]):
+    inputs = []
+    for name, array in feeds.items():
+        tensor = module.InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
+        tensor.set_data_from_numpy(array)
+        inputs.append(tensor)
+    return client.infer(model, inputs)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--http", default="localhost:8000")
+    parser.add_argument("--grpc", default="localhost:8001")
+    parser.add_argument("--repo", type=Path, default=HERE / "model_repository")
+    args = parser.parse_args()
+
+    http = httpclient.InferenceServerClient(args.http)
+    grpc = grpcclient.InferenceServerClient(args.grpc)
+    rng = np.random.default_rng(0)
+    failures = 0
+    for entry in http.get_model_repository_index():
+        model = entry["name"]
+        if entry.get("state") != "READY":
+            print(f"{model}: not ready ({entry.get('reason', entry.get('state'))})")
+            continue
+        metadata = http.get_model_metadata(model)
+        feeds = random_inputs(metadata, rng)
+        onnx_file = next(iter(sorted((args.repo / model).glob("*/*.onnx"))), None)
+        expected = None
+        if onnx_file is not None:
+            session = ort.InferenceSession(str(onnx_file), providers=["CPUExecutionProvider"])
+            expected = dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds)))
+        for protocol, module, client in (("http", httpclient, http), ("grpc", grpcclient, grpc)):
+            result = infer(module, client, model, feeds)
+            shapes = {o["name"]: result.as_numpy(o["name"]).shape for o in metadata["outputs"]}
+            verdict = "served"
+            if expected is not None:
+                worst = max(float(np.max(np.abs(result.as_numpy(n) - v))) for n, v in expected.items())
+                ok = all(np.allclose(result.as_numpy(n), v, rtol=1e-5, atol=1e-6) for n, v in expected.items())
+                verdict = f"matches onnxruntime (max abs diff {worst:.2e})" if ok else f"DIFFERS from onnxruntime ({worst:.2e})"
+                failures += not ok
+            print(f"{model} [{protocol}]: {shapes} {verdict}")
+    http.close()
+    grpc.close()
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,64 @@
+"""Fixtures that build a model repository and serve it through the real CLI and tritonserver."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import onnx
+import pytest
+
+from gebackend.modelzoo import build_add_mul, build_example_repository
+
+from .server import start_server
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = ROOT / "examples" / "model_repository"
+
+ADD_MUL_CONFIG = """
+backend: "ge"
+max_batch_size: 16
+dynamic_batching { max_queue_delay_microseconds: 200000 }
+"""
+
+# The config contradicts the ONNX file: x is FP32 there.
+CONTRADICTS_CONFIG = """
+backend: "ge"
+max_batch_size: 4
+input [ { name: "x", data_type: TYPE_INT32, dims: [ 4 ] } ]
+"""
+
+
+def add_model(repo: Path, name: str, config: str, model: onnx.ModelProto | bytes) -> Path:
+    version = repo / name / "1"
+    version.mkdir(parents=True)
+    (repo / name / "config.pbtxt").write_text(config)
+    path = version / "model.onnx"
+    if isinstance(model, bytes):
+        path.write_bytes(model)
+    else:
+        onnx.save(model, str(path))
+    return path
+
+
+@pytest.fixture(scope="session")
+def repository(tmp_path_factory) -> Path:
+    """The example repository plus test models: one that batches slowly, one broken file, one bad config."""
+    repo = tmp_path_factory.mktemp("repo") / "models"
+    shutil.copytree(EXAMPLES, repo, ignore=shutil.ignore_patterns("[0-9]*"))
+    build_example_repository(repo)
+    add_model(repo, "add_mul", ADD_MUL_CONFIG, build_add_mul())
+    add_model(repo, "broken", 'backend: "ge"\nmax_batch_size: 4\n', b"this is not an onnx file")
+    add_model(repo, "contradicts", CONTRADICTS_CONFIG, build_add_mul())
+    return repo
+
+
+@pytest.fixture(scope="session")
+def server(repository, tmp_path_factory):
+    log = tmp_path_factory.mktemp("logs") / "serve.log"
+    running = start_server(
+        repository, log,
+        ["--backend-config", "ge,intra_op_thread_count=2", "--backend-config", "ge,not_a_real_option=3"],
+    )
+    yield running
+    running.stop()

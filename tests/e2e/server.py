@@ -1,0 +1,66 @@
+"""Starts `gebackend serve` as a user would (the real CLI, the real tritonserver) on free ports, for tests."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+GEBACKEND = [sys.executable, "-m", "gebackend.cli.main"]
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@dataclass
+class RunningServer:
+    process: subprocess.Popen
+    log_path: Path
+    http_port: int
+    grpc_port: int
+    metrics_port: int
+
+    @property
+    def http_url(self) -> str:
+        return f"127.0.0.1:{self.http_port}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"127.0.0.1:{self.grpc_port}"
+
+    def output(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self, timeout: float = 60) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        return self.process.wait(timeout=timeout)
+
+
+def start_server(repo: Path, log_path: Path, cli_args: list[str] = (), timeout: float = 240) -> RunningServer:
+    ports = [free_port() for _ in range(3)]
+    cmd = GEBACKEND + [
+        "serve", str(repo),
+        "--http-port", str(ports[0]), "--grpc-port", str(ports[1]), "--metrics-port", str(ports[2]),
+        *cli_args,
+    ]
+    log = open(log_path, "w")
+    process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    server = RunningServer(process, log_path, *ports)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if "gebackend: ready" in server.output():
+            return server
+        if process.poll() is not None:
+            raise RuntimeError(f"gebackend serve exited with {process.returncode}:\n{server.output()[-5000:]}")
+        time.sleep(0.25)
+    server.stop()
+    raise RuntimeError(f"gebackend serve not ready after {timeout}s:\n{server.output()[-5000:]}")

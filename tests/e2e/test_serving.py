@@ -1,0 +1,181 @@
+"""End to end through the real CLI and tritonserver: correctness, batching, errors, isolation."""
+
+from __future__ import annotations
+
+import re
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+pytestmark = pytest.mark.e2e
+
+PROTOCOLS = {"http": httpclient, "grpc": grpcclient}
+
+
+def client_for(server, protocol):
+    module = PROTOCOLS[protocol]
+    return module, module.InferenceServerClient(server.http_url if protocol == "http" else server.grpc_url)
+
+
+def infer(server, protocol, model, feeds: dict[str, np.ndarray]):
+    module, client = client_for(server, protocol)
+    inputs = []
+    for name, array in feeds.items():
+        wire = {np.float32: "FP32", np.int64: "INT64", np.int32: "INT32", np.float64: "FP64"}[array.dtype.type]
+        tensor = module.InferInput(name, list(array.shape), wire)
+        tensor.set_data_from_numpy(array)
+        inputs.append(tensor)
+    return client.infer(model, inputs)
+
+
+def reference(repository, model, feeds):
+    session = ort.InferenceSession(str(repository / model / "1" / "model.onnx"), providers=["CPUExecutionProvider"])
+    names = [o.name for o in session.get_outputs()]
+    return dict(zip(names, session.run(names, feeds)))
+
+
+def example_feeds(model: str, rng: np.random.Generator, batch: int = 2) -> dict[str, np.ndarray]:
+    if model.startswith("resnet"):
+        return {"image": rng.standard_normal((batch, 3, 64, 64)).astype(np.float32)}
+    if model == "bert_ge":
+        ids = rng.integers(0, 1000, size=(batch, 11), dtype=np.int64)
+        mask = np.ones_like(ids)
+        mask[0, 7:] = 0
+        return {"input_ids": ids, "attention_mask": mask}
+    raise KeyError(model)
+
+
+def test_example_models_ready_and_failures_reported(server):
+    out = server.output()
+    for model in ("resnet_ge", "bert_ge", "resnet_npu_ge", "add_mul"):
+        assert re.search(rf"^  {model} v1: READY$", out, re.M), out[-3000:]
+    # A broken file and a contradicting config fail alone, each with its reason.
+    assert re.search(r"model 'broken' failed to load: .*cannot read ONNX file", out), out[-3000:]
+    failed = re.search(r"model 'contradicts' failed to load: (.*)", out)
+    assert failed, out[-3000:]
+    assert "'x'" in failed.group(1) and "TYPE_INT32" in failed.group(1) and "TYPE_FP32" in failed.group(1)
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+@pytest.mark.parametrize("model", ["resnet_ge", "bert_ge", "resnet_npu_ge"])
+def test_outputs_equal_onnxruntime(server, repository, protocol, model):
+    feeds = example_feeds(model, np.random.default_rng(7), batch=3)
+    result = infer(server, protocol, model, feeds)
+    expected = reference(repository, model, feeds)
+    for name, want in expected.items():
+        got = result.as_numpy(name)
+        assert got is not None, name
+        assert got.shape == want.shape
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_auto_complete_fills_config_from_onnx(server):
+    _, client = client_for(server, "http")
+    config = client.get_model_config("bert_ge")
+    assert config["max_batch_size"] == 8
+    assert "dynamic_batching" in config
+    assert [(i["name"], i["data_type"], i["dims"]) for i in config["input"]] == [
+        ("input_ids", "TYPE_INT64", [-1]),
+        ("attention_mask", "TYPE_INT64", [-1]),
+    ]
+    assert {o["name"]: o["dims"] for o in config["output"]} == {"last_hidden_state": [-1, 64], "pooler_output": [64]}
+
+
+def test_backend_config_and_model_parameters_reach_the_engine(server):
+    out = server.output()
+    # Global --backend-config ge,intra_op_thread_count=2; resnet_npu_ge overrides it with 1 in config.pbtxt.
+    assert re.search(r"model 'add_mul' instance .* intra_op_threads=2 ", out)
+    assert re.search(r"model 'resnet_npu_ge' instance .* intra_op_threads=1 ", out)
+    # Unknown keys are reported (once per model load), not silently ignored.
+    assert re.search(r"model 'add_mul': unknown option\(s\) ignored: not_a_real_option", out)
+
+
+def test_dynamic_batching_forms_batches(server):
+    rng = np.random.default_rng(3)
+    requests = [(rng.standard_normal((1, 4)).astype(np.float32), rng.standard_normal((1, 4)).astype(np.float32)) for _ in range(24)]
+
+    def send(pair):
+        x, y = pair
+        result = infer(server, "grpc", "add_mul", {"x": x, "y": y})
+        return result.as_numpy("sum"), result.as_numpy("product")
+
+    with ThreadPoolExecutor(max_workers=12) as pool:
+        results = list(pool.map(send, requests))
+    for (x, y), (total, product) in zip(requests, results):
+        np.testing.assert_allclose(total, x + y, rtol=1e-6)
+        np.testing.assert_allclose(product, x * y, rtol=1e-6)
+    _, client = client_for(server, "http")
+    stats = client.get_inference_statistics("add_mul")["model_stats"][0]
+    sizes = {int(b["batch_size"]): int(b["compute_infer"]["count"]) for b in stats["batch_stats"]}
+    assert max(sizes) > 1, f"no batch larger than 1 formed: {sizes}"
+    assert sum(size * count for size, count in sizes.items()) >= len(requests)
+
+
+BAD_REQUESTS = [
+    # (model, feeds, a fragment the error must contain)
+    ("resnet_ge", {"image": np.zeros((1, 3, 32, 64), np.float32)}, "image"),
+    ("resnet_ge", {"image": np.zeros((1, 3, 64, 64), np.float64)}, "image"),
+    ("bert_ge", {"input_ids": np.zeros((1, 5), np.int64), "attention_mask": np.ones((1, 6), np.int64)}, "sequence"),
+    ("bert_ge", {"input_ids": np.zeros((1, 5), np.int32), "attention_mask": np.ones((1, 5), np.int64)}, "input_ids"),
+    ("add_mul", {"x": np.zeros((1, 4), np.float32)}, "y"),
+    ("resnet_ge", {"image": np.zeros((9, 3, 64, 64), np.float32)}, "batch"),
+]
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+@pytest.mark.parametrize("model,feeds,fragment", BAD_REQUESTS)
+def test_bad_requests_get_4xx_and_server_keeps_serving(server, repository, protocol, model, feeds, fragment):
+    with pytest.raises(InferenceServerException) as info:
+        infer(server, protocol, model, feeds)
+    status = str(info.value.status())
+    assert status == "400" or status == "StatusCode.INVALID_ARGUMENT", (status, str(info.value))
+    message = str(info.value)
+    assert model in message and fragment in message, message
+    # The same model still answers a good request correctly.
+    good = example_feeds(model, np.random.default_rng(1), batch=1) if model != "add_mul" else {
+        "x": np.ones((1, 4), np.float32), "y": np.full((1, 4), 2, np.float32)}
+    result = infer(server, protocol, model, good)
+    expected = reference(repository, model, good)
+    for name, want in expected.items():
+        np.testing.assert_allclose(result.as_numpy(name), want, rtol=1e-5, atol=1e-6)
+
+
+def test_bad_request_inside_a_batch_fails_alone(server):
+    """Requests batched together with a bad one still get their own correct answers."""
+    def send(i):
+        x = np.full((1, 4), i, np.float32)
+        y = np.ones((1, 5 if i == 3 else 4), np.float32)  # request 3 is malformed
+        try:
+            return infer(server, "http", "add_mul", {"x": x, "y": y}).as_numpy("sum")
+        except InferenceServerException as exc:
+            return exc
+
+    with ThreadPoolExecutor(max_workers=6) as pool:
+        results = list(pool.map(send, range(6)))
+    for i, result in enumerate(results):
+        if i == 3:
+            assert isinstance(result, InferenceServerException) and str(result.status()) == "400"
+        else:
+            np.testing.assert_array_equal(result, np.full((1, 4), i + 1, np.float32))
+
+
+def test_example_client_checks_every_model(server, repository):
+    import subprocess
+    import sys
+
+    from .conftest import ROOT
+
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "client.py"), "--http", server.http_url, "--grpc", server.grpc_url,
+         "--repo", str(repository)],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    for model in ("resnet_ge", "bert_ge", "resnet_npu_ge", "add_mul"):
+        for protocol in ("http", "grpc"):
+            assert re.search(rf"^{model} \[{protocol}\]: .* matches onnxruntime", done.stdout, re.M), done.stdout

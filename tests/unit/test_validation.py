@@ -1,0 +1,175 @@
+"""Unit tests for gebackend.runtime.validation: every bad request is refused with a message a client can act on."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gebackend.config.onnx_signature import signature_of
+from gebackend.config.options import BackendOptions
+from gebackend.config.spec import build_model_spec
+from gebackend.errors import InvalidRequest
+from gebackend.modelzoo import build_bert, build_identity_fixed, build_resnet
+from gebackend.runtime.validation import validate_request
+
+
+@pytest.fixture(scope="module")
+def bert_spec():
+    return build_model_spec({"name": "bert_ge", "max_batch_size": 4}, signature_of(build_bert()), Path("b.onnx"), BackendOptions())
+
+
+@pytest.fixture(scope="module")
+def resnet_spec():
+    return build_model_spec({"name": "resnet_ge", "max_batch_size": 8}, signature_of(build_resnet()), Path("r.onnx"), BackendOptions())
+
+
+@pytest.fixture(scope="module")
+def fixed_spec():
+    config = {"name": "ident", "max_batch_size": 0, "input": [{"name": "x", "dims": [2, 3]}]}
+    return build_model_spec(config, signature_of(build_identity_fixed()), Path("i.onnx"), BackendOptions())
+
+
+def _bert(rows=2, seq=7, ids_dtype=np.int64, mask_seq=None, mask_rows=None):
+    return {
+        "input_ids": np.ones((rows, seq), dtype=ids_dtype),
+        "attention_mask": np.ones((mask_rows or rows, mask_seq or seq), dtype=np.int64),
+    }
+
+
+def _image(rows=1, shape=(3, 64, 64), dtype=np.float32):
+    return {"image": np.zeros((rows, *shape), dtype=dtype)}
+
+
+def _refused(spec, inputs) -> str:
+    with pytest.raises(InvalidRequest) as info:
+        validate_request(spec, inputs)
+    return str(info.value)
+
+
+def test_spec_shapes(bert_spec, resnet_spec):
+    assert bert_spec.max_batch_size == 4 and bert_spec.batching
+    assert [t.dims for t in bert_spec.inputs] == [(-1,), (-1,)]
+    assert resnet_spec.input("image").dims == (3, 64, 64)
+
+
+@pytest.mark.parametrize("rows,seq", [(1, 1), (2, 7), (4, 128)])
+def test_valid_bert_requests_pass(bert_spec, rows, seq):
+    assert validate_request(bert_spec, _bert(rows, seq)) is None
+
+
+@pytest.mark.parametrize("rows", [1, 8])
+def test_valid_resnet_requests_pass(resnet_spec, rows):
+    assert validate_request(resnet_spec, _image(rows)) is None
+
+
+def test_valid_non_batching_request_passes(fixed_spec):
+    assert validate_request(fixed_spec, {"x": np.zeros((2, 3), np.float32)}) is None
+
+
+def test_unknown_input(bert_spec):
+    inputs = _bert()
+    inputs["token_type_ids"] = np.zeros((2, 7), np.int64)
+    message = _refused(bert_spec, inputs)
+    assert "'bert_ge'" in message
+    assert "'token_type_ids'" in message
+    assert "['input_ids', 'attention_mask']" in message
+
+
+def test_missing_input(bert_spec):
+    inputs = _bert()
+    del inputs["attention_mask"]
+    message = _refused(bert_spec, inputs)
+    assert "'bert_ge'" in message
+    assert "'attention_mask'" in message and "missing" in message
+    assert "['input_ids', 'attention_mask']" in message
+
+
+def test_wrong_dtype(bert_spec):
+    message = _refused(bert_spec, _bert(ids_dtype=np.int32))
+    assert "'bert_ge'" in message
+    assert "'input_ids'" in message
+    assert "expected data type INT64" in message
+    assert "got int32" in message
+
+
+def test_wrong_dtype_resnet_and_bytes(resnet_spec):
+    message = _refused(resnet_spec, _image(dtype=np.float64))
+    assert "'resnet_ge'" in message and "'image'" in message
+    assert "FP32" in message and "float64" in message
+    message = _refused(resnet_spec, {"image": np.array([[b"a"]], dtype=object)})
+    assert "FP32" in message and "got BYTES" in message
+
+
+def test_wrong_rank(resnet_spec):
+    message = _refused(resnet_spec, {"image": np.zeros((3, 64, 64), np.float32)})
+    assert "'resnet_ge'" in message
+    assert "'image'" in message
+    assert "[batch, 3, 64, 64]" in message and "rank 4" in message
+    assert "[3, 64, 64]" in message and "rank 3" in message
+
+
+def test_wrong_rank_bert_uses_dim_names(bert_spec):
+    message = _refused(bert_spec, {"input_ids": np.ones((2, 7, 1), np.int64), "attention_mask": np.ones((2, 7), np.int64)})
+    assert "'input_ids'" in message
+    assert "[batch, sequence]" in message
+    assert "[2, 7, 1]" in message and "rank 3" in message
+
+
+def test_wrong_fixed_dim(resnet_spec):
+    message = _refused(resnet_spec, _image(rows=2, shape=(3, 224, 224)))
+    assert "'resnet_ge'" in message
+    assert "'image'" in message
+    assert "[batch, 3, 64, 64]" in message
+    assert "[2, 3, 224, 224]" in message
+    assert "dim 2 must be 64" in message
+
+
+def test_wrong_fixed_dim_non_batching(fixed_spec):
+    message = _refused(fixed_spec, {"x": np.zeros((3, 3), np.float32)})
+    assert "'ident'" in message and "'x'" in message
+    assert "[2, 3]" in message and "[3, 3]" in message
+    assert "dim 0 must be 2" in message
+
+
+def test_batch_over_max_batch_size(resnet_spec, bert_spec):
+    message = _refused(resnet_spec, _image(rows=9))
+    assert "'resnet_ge'" in message and "'image'" in message
+    assert "batch size 9" in message and "max_batch_size 8" in message
+    message = _refused(bert_spec, _bert(rows=5))
+    assert "'bert_ge'" in message and "'input_ids'" in message
+    assert "batch size 5" in message and "max_batch_size 4" in message
+
+
+def test_mismatched_batch_sizes(bert_spec):
+    message = _refused(bert_spec, _bert(rows=2, mask_rows=3))
+    assert "'bert_ge'" in message
+    assert "'attention_mask'" in message
+    assert "batch size 3" in message
+    assert "'input_ids' (2)" in message
+
+
+def test_mismatched_sequence_dim(bert_spec):
+    message = _refused(bert_spec, _bert(rows=2, seq=7, mask_seq=9))
+    assert "'bert_ge'" in message
+    assert "'attention_mask'" in message and "'input_ids'" in message
+    assert "'sequence' is 9" in message
+    assert "'sequence' = 7" in message
+    assert "[2, 9]" in message
+
+
+@pytest.mark.parametrize("shape", [(0, 7), (2, 0)])
+def test_empty_tensor(bert_spec, shape):
+    inputs = {"input_ids": np.ones(shape, np.int64), "attention_mask": np.ones(shape, np.int64)}
+    message = _refused(bert_spec, inputs)
+    assert "'bert_ge'" in message
+    assert "'input_ids'" in message
+    assert "empty" in message
+    assert f"[{shape[0]}, {shape[1]}]" in message
+
+
+def test_empty_image(resnet_spec):
+    message = _refused(resnet_spec, _image(rows=0))
+    assert "'resnet_ge'" in message and "'image'" in message
+    assert "[0, 3, 64, 64]" in message
