@@ -162,8 +162,20 @@ def test_optimization_graph_level(level, expected):
      {"optimization": {"graph": None}}],
 )
 def test_graph_level_unset_is_default_all(config):
-    assert graph_level_from_config(config) is None
+    assert graph_level_from_config("m", config) is None
     assert parse_options("m", {}, {}, config).options.graph_optimization_level == "all"
+
+
+def test_optimization_graph_level_beats_global_option():
+    config = {"optimization": {"graph": {"level": -1}}}
+    parsed = parse_options("m", {"graph_optimization_level": "disable"}, {}, config)
+    assert parsed.options.graph_optimization_level == "basic"
+    assert parsed.sources["graph_optimization_level"] == "optimization.graph.level"
+
+
+def test_non_integer_graph_level_is_a_config_error():
+    with pytest.raises(ConfigError, match="model 'm'.*optimization.graph.level 'abc'"):
+        parse_options("m", {}, {}, {"optimization": {"graph": {"level": "abc"}}})
 
 
 def test_model_parameter_beats_optimization_graph_level():

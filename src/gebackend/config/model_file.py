@@ -44,7 +44,7 @@ def model_dir_in_repositories(model_name: str, environ=os.environ) -> Path:
     repositories = [p for p in environ.get(REPOSITORY_ENV_VAR, "").split(os.pathsep) if p]
     for repo in repositories:
         candidate = Path(repo) / model_name
-        if (candidate / "config.pbtxt").is_file() or candidate.is_dir():
+        if candidate.is_dir():
             return candidate
     raise ConfigError(
         f"model '{model_name}' not found in the repositories named by {REPOSITORY_ENV_VAR} "

@@ -124,12 +124,15 @@ def model_parameters(model_config: Mapping[str, Any]) -> dict[str, str]:
     return out
 
 
-def graph_level_from_config(model_config: Mapping[str, Any]) -> str | None:
+def graph_level_from_config(model_name: str, model_config: Mapping[str, Any]) -> str | None:
     """config.pbtxt `optimization { graph { level } }`, read as Triton's onnxruntime_backend reads it."""
     level = ((model_config.get("optimization") or {}).get("graph") or {}).get("level")
     if level in (None, 0, "0"):
         return None
-    return {-1: "basic", 1: "extended"}.get(int(level), "all")
+    try:
+        return {-1: "basic", 1: "extended"}.get(int(level), "all")
+    except ValueError:
+        raise ConfigError(f"model '{model_name}': optimization.graph.level {level!r} is not an integer") from None
 
 
 def parse_options(
@@ -142,10 +145,10 @@ def parse_options(
     values: dict[str, Any] = {}
     sources: dict[str, str] = {}
     unknown: list[str] = []
-    if model_config is not None and (level := graph_level_from_config(model_config)):
-        values["graph_optimization_level"] = level
-        sources["graph_optimization_level"] = "optimization.graph.level"
     for source, options in (("global", global_options), ("model", model_options)):
+        if source == "model" and model_config is not None and (level := graph_level_from_config(model_name, model_config)):
+            values["graph_optimization_level"] = level  # config.pbtxt's own setting beats the global one
+            sources["graph_optimization_level"] = "optimization.graph.level"
         for key, text in options.items():
             if key not in _KEYS:
                 if key not in unknown:
