@@ -41,6 +41,26 @@ def add_model(repo: Path, name: str, config: str, model: onnx.ModelProto | bytes
     return path
 
 
+def params(**values: str) -> str:
+    return "".join(f'parameters {{ key: "{k}" value: {{ string_value: "{v}" }} }}\n' for k, v in values.items())
+
+
+BERT_BUCKETS = {
+    "graph.ge.inputShape": "input_ids:-1,-1;attention_mask:-1,-1",
+    "graph.ge.dynamicDims": "1,16,1,16;4,16,4,16;4,32,4,32",
+}
+
+# Twins of the example models in the other graph mode: static outputs must equal dynamic ones.
+TWINS = {
+    "resnet_ge_static": ("resnet_ge", 'backend: "ge"\nmax_batch_size: 8\n' + params(static_model="1")),
+    "bert_ge_static": ("bert_ge", 'backend: "ge"\nmax_batch_size: 4\ndynamic_batching { max_queue_delay_microseconds: 100000 }\n'
+                       + params(static_model="1", bucket_paddable_dims="sequence", **BERT_BUCKETS)),
+    "resnet_npu_ge_dynamic": ("resnet_npu_ge", 'backend: "npu_ge"\nmax_batch_size: 8\n' + params(static_model="0")),
+    "bert_ge_fallback": ("bert_ge", 'backend: "ge"\nmax_batch_size: 4\n' + params(
+        bucket_fallback="dynamic", **{"graph.ge.inputShape": "input_ids:-1,16;attention_mask:-1,16", "graph.ge.dynamicDims": "1,1;4,4"})),
+}
+
+
 @pytest.fixture(scope="session")
 def repository(tmp_path_factory) -> Path:
     """The example repository plus test models: one that batches slowly, one broken file, one bad config."""
@@ -50,6 +70,8 @@ def repository(tmp_path_factory) -> Path:
     add_model(repo, "add_mul", ADD_MUL_CONFIG, build_add_mul())
     add_model(repo, "broken", 'backend: "ge"\nmax_batch_size: 4\n', b"this is not an onnx file")
     add_model(repo, "contradicts", CONTRADICTS_CONFIG, build_add_mul())
+    for twin, (original, config) in TWINS.items():
+        add_model(repo, twin, config, onnx.load(str(repo / original / "1" / "model.onnx")))
     return repo
 
 

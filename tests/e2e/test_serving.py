@@ -89,8 +89,8 @@ def test_auto_complete_fills_config_from_onnx(server):
 def test_backend_config_and_model_parameters_reach_the_engine(server):
     out = server.output()
     # Global --backend-config ge,intra_op_thread_count=2; resnet_npu_ge overrides it with 1 in config.pbtxt.
-    assert re.search(r"model 'add_mul' instance .* intra_op_threads=2 ", out)
-    assert re.search(r"model 'resnet_npu_ge' instance .* intra_op_threads=1 ", out)
+    assert re.search(r"model 'add_mul' instance .* intra_op_threads=2\b", out)
+    assert re.search(r"model 'resnet_npu_ge' instance .* intra_op_threads=1\b", out)
     # Unknown keys are reported (once per model load), not silently ignored.
     assert re.search(r"model 'add_mul': unknown option\(s\) ignored: not_a_real_option", out)
 

@@ -30,7 +30,7 @@ class _Served:
         path.parent.mkdir(parents=True)
         onnx.save(model, path)
         self.spec = build_model_spec({"name": name, **config}, signature_of(model), path, BackendOptions())
-        self.executor = Executor(self.spec, OrtEngine(path, BackendOptions()))
+        self.executor = Executor.dynamic(self.spec, OrtEngine(path, BackendOptions()))
         self.reference = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
         self.output_names = [o.name for o in self.reference.get_outputs()]
 
@@ -181,7 +181,7 @@ def _xy(rows: int, seed: int, marked: bool = False) -> dict[str, np.ndarray]:
 
 def test_failed_batch_is_retried_one_by_one(add_mul_spec):
     engine = MarkerEngine()
-    executor = Executor(add_mul_spec, engine)
+    executor = Executor.dynamic(add_mul_spec, engine)
     requests = [_xy(2, 0), _xy(1, 1), _xy(3, 2, marked=True), _xy(1, 3)]
     results = executor.execute(requests)
     assert engine.calls == [7, 2, 1, 3, 1]  # one batched run, then each request alone
@@ -200,7 +200,7 @@ def test_failed_batch_is_retried_one_by_one(add_mul_spec):
 def test_batch_without_marker_runs_once(add_mul_spec):
     engine = MarkerEngine()
     requests = [_xy(1, 4), _xy(3, 5), _xy(2, 6)]
-    results = Executor(add_mul_spec, engine).execute(requests)
+    results = Executor.dynamic(add_mul_spec, engine).execute(requests)
     assert engine.calls == [6]
     for request, result in zip(requests, results):
         np.testing.assert_array_equal(result["sum"], request["x"] + request["y"])
@@ -208,7 +208,7 @@ def test_batch_without_marker_runs_once(add_mul_spec):
 
 def test_single_marked_request_fails_without_retry(add_mul_spec):
     engine = MarkerEngine()
-    results = Executor(add_mul_spec, engine).execute([_xy(2, 7, marked=True)])
+    results = Executor.dynamic(add_mul_spec, engine).execute([_xy(2, 7, marked=True)])
     assert engine.calls == [2]
     assert isinstance(results[0], InternalError)
 
@@ -216,7 +216,7 @@ def test_single_marked_request_fails_without_retry(add_mul_spec):
 def test_engine_input_error_maps_to_invalid_request(add_mul_spec):
     engine = MarkerEngine(error=EngineInputError)
     requests = [_xy(1, 8), _xy(2, 9, marked=True)]
-    results = Executor(add_mul_spec, engine).execute(requests)
+    results = Executor.dynamic(add_mul_spec, engine).execute(requests)
     assert type(results[1]) is InvalidRequest
     assert not isinstance(results[1], InternalError)
     assert "model 'add_mul'" in str(results[1])
@@ -230,7 +230,7 @@ class LostBatchEngine(Engine):
 
 
 def test_output_without_batch_axis_is_an_error_not_a_crash(add_mul_spec):
-    results = Executor(add_mul_spec, LostBatchEngine()).execute([_xy(2, 10), _xy(3, 11)])
+    results = Executor.dynamic(add_mul_spec, LostBatchEngine()).execute([_xy(2, 10), _xy(3, 11)])
     assert len(results) == 2
     for result in results:
         assert not isinstance(result, dict)
@@ -255,7 +255,7 @@ def test_non_batching_model_runs_each_request(tmp_path):
             calls.append({k: v.shape for k, v in feeds.items()})
             return super().run(feeds, output_names)
 
-    executor = Executor(spec, Counting(path, BackendOptions()))
+    executor = Executor.dynamic(spec, Counting(path, BackendOptions()))
     xs = [np.arange(6, dtype=np.float32).reshape(2, 3) + 10 * i for i in range(3)]
     bad = np.zeros((1, 2, 3), np.float32)
     results = executor.execute([{"x": xs[0]}, {"x": bad}, {"x": xs[1]}, {"x": xs[2]}])

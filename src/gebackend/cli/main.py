@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from gebackend import __version__
-from gebackend.cli import serve
+from gebackend.cli import analyze, serve
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -14,6 +14,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"gebackend {__version__}")
     subparsers = parser.add_subparsers(dest="command", required=True)
     serve.add_parser(subparsers)
+    analyze.add_parser(subparsers)
     return parser
 
 

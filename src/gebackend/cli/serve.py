@@ -10,7 +10,7 @@ from pathlib import Path
 
 from gebackend.config.options import parse_backend_config_args
 from gebackend.errors import GeBackendError
-from gebackend.server.launcher import ServerSettings, TritonServer, format_model_table
+from gebackend.server.launcher import ServerSettings, TritonServer, format_model_table, load_failure_reason
 
 
 def add_parser(subparsers) -> None:
@@ -84,6 +84,6 @@ def _announce(settings: ServerSettings, index: list[dict]) -> None:
         *format_model_table(index),
     ]
     for entry in failed:
-        lines.append(f"gebackend: model '{entry.get('name')}' failed to load: {entry.get('reason') or entry.get('state')}")
+        lines.append(f"gebackend: model '{entry.get('name')}' failed to load: {load_failure_reason(entry)}")
     lines.append("gebackend: ready; Ctrl-C to stop")
     print("\n".join(lines), flush=True)

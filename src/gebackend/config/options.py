@@ -48,6 +48,10 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _name_list(text: str) -> tuple[str, ...]:
+    return tuple(part.strip() for part in text.split(",") if part.strip())
+
+
 def _choice(mapping: Mapping[str, str]) -> Callable[[str], str]:
     def parse(text: str) -> str:
         low = text.strip().lower()
@@ -77,6 +81,13 @@ class BackendOptions:
     graph_optimization_level: str = "all"
     default_max_batch_size: int = 8
     static_model: bool = False
+    input_shape: str = ""  # ge-backend's graph.ge.inputShape, e.g. "image:-1,3,-1,-1"
+    dynamic_dims: str = ""  # ge-backend's graph.ge.dynamicDims, e.g. "1,224,224;8,224,224"
+    dynamic_node_type: str = ""  # ge-backend's graph.ge.dynamicNodeType: accepted, nothing to do on these engines
+    bucket_fallback: str = "error"  # a request that fits no bucket: "error" (400) or "dynamic" (run unspecialised)
+    bucket_paddable_dims: tuple[str, ...] = ()  # ONNX dim names (e.g. "sequence") a request may be zero-padded along
+    fold_size_limit: int = 1 << 20  # bytes: a folded constant larger than this stays unfolded
+    enable_cuda_graph: bool = True  # capture static graphs as CUDA graphs when the CUDA provider runs them
 
 
 # key -> (field name, parser). Aliases map several keys onto one field.
@@ -89,6 +100,13 @@ _KEYS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "graph_optimization_level": ("graph_optimization_level", _choice(_OPT_LEVELS)),
     "default_max_batch_size": ("default_max_batch_size", _positive_int),
     "static_model": ("static_model", _bool),
+    "graph.ge.inputShape": ("input_shape", str.strip),
+    "graph.ge.dynamicDims": ("dynamic_dims", str.strip),
+    "graph.ge.dynamicNodeType": ("dynamic_node_type", str.strip),
+    "bucket_fallback": ("bucket_fallback", _choice({"error": "error", "dynamic": "dynamic"})),
+    "bucket_paddable_dims": ("bucket_paddable_dims", _name_list),
+    "fold_size_limit": ("fold_size_limit", _non_negative_int),
+    "enable_cuda_graph": ("enable_cuda_graph", _bool),
 }
 
 KNOWN_KEYS = frozenset(_KEYS)

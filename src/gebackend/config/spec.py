@@ -48,10 +48,15 @@ class ModelSpec:
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
     options: BackendOptions
+    static_shapes: tuple[dict[str, tuple[int, ...]], ...] = ()  # compiled shapes; empty in dynamic graph mode
 
     @property
     def batching(self) -> bool:
         return self.max_batch_size > 0
+
+    @property
+    def static(self) -> bool:
+        return bool(self.static_shapes)
 
     def input(self, name: str) -> TensorSpec | None:
         return next((t for t in self.inputs if t.name == name), None)
@@ -186,4 +191,8 @@ def build_model_spec(
             f"model '{name}': the ONNX file has a variable batch dim on every tensor but config.pbtxt sets "
             f"max_batch_size: 0 without spelling out full-rank dims; set max_batch_size or the dims"
         )
-    return ModelSpec(name, path, result.max_batch_size, result.inputs, result.outputs, options)
+    from gebackend.config.static_shapes import check_paddable, compiled_shapes
+
+    shapes = compiled_shapes(name, result.max_batch_size, result.inputs, options)
+    check_paddable(name, result.inputs, options)
+    return ModelSpec(name, path, result.max_batch_size, result.inputs, result.outputs, options, tuple(shapes))

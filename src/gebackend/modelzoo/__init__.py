@@ -9,15 +9,24 @@ from pathlib import Path
 import onnx
 
 from .bert import build_bert
-from .misc import build_add_mul, build_identity_fixed
+from .misc import (
+    build_add_mul,
+    build_constant_of_shape_weight,
+    build_identity_fixed,
+    build_mod_constant,
+    build_nonzero,
+)
 from .resnet import build_resnet
 
 __all__ = [
     "EXAMPLE_MODELS",
     "build_add_mul",
     "build_bert",
+    "build_constant_of_shape_weight",
     "build_example_repository",
     "build_identity_fixed",
+    "build_mod_constant",
+    "build_nonzero",
     "build_resnet",
 ]
 

@@ -1,10 +1,14 @@
-"""Tiny weight-free test models: ``build_add_mul`` (dynamic batch, two outputs) and ``build_identity_fixed`` (static, no batch dim)."""
+"""Tiny test models: ``build_add_mul`` (dynamic batch, two outputs), ``build_identity_fixed`` (static, no batch dim),
+and the graph-pass fixtures ``build_mod_constant``, ``build_constant_of_shape_weight`` and ``build_nonzero``.
+"""
 
 from __future__ import annotations
 
+import numpy as np
 import onnx
+from onnx import helper
 
-from ._graph import FLOAT, GraphBuilder, tensor_info
+from ._graph import FLOAT, INT64, GraphBuilder, tensor_info
 
 
 def build_add_mul(seed: int = 0) -> onnx.ModelProto:
@@ -27,4 +31,54 @@ def build_identity_fixed() -> onnx.ModelProto:
         [tensor_info("x", FLOAT, [2, 3])],
         [tensor_info("y", FLOAT, [2, 3])],
         doc="Static-shape identity (gebackend test model).",
+    )
+
+
+def build_mod_constant() -> onnx.ModelProto:
+    """``y = x[:, (3 + -1) % 3]`` for ``x`` float32 ``[batch, 4]``: a foldable ``Add`` -> ``Mod`` subgraph (always 2)
+    feeds a ``Gather`` index, like the head-count arithmetic in CN_CLIP's ``nn.MultiheadAttention`` export.
+    """
+    g = GraphBuilder("mod_constant")
+    three = g.const(3, "c3", np.int64)
+    minus_one = g.const(-1, "c_minus1", np.int64)
+    index = g.op("Mod", g.op("Add", three, minus_one, name="/attn/Add"), three, name="/attn/Mod")
+    g.op("Gather", "x", index, name="y", axis=1)
+    return g.build(
+        [tensor_info("x", FLOAT, ["batch", 4])],
+        [tensor_info("y", FLOAT, ["batch"])],
+        doc="Constant Add/Mod subgraph used as a Gather index (gebackend test model).",
+    )
+
+
+def build_constant_of_shape_weight(n: int = 1024) -> onnx.ModelProto:
+    """``y = x @ W`` for ``x`` float32 ``[batch, n]``, where ``W = ConstantOfShape([n, n], 0.01)`` is computed in the
+    graph (``4 * n * n`` bytes once folded; 4 MiB for the default ``n``).
+    """
+    g = GraphBuilder("constant_of_shape_weight")
+    shape = g.fresh("weight_shape")
+    g.nodes.append(helper.make_node(
+        "Constant", [], [shape], name=shape,
+        value=helper.make_tensor(shape, INT64, [2], [n, n]),
+    ))
+    weight = g.op("ConstantOfShape", shape, name="weight",
+                  value=helper.make_tensor("value", FLOAT, [1], [0.01]))
+    g.op("MatMul", "x", weight, name="y")
+    return g.build(
+        [tensor_info("x", FLOAT, ["batch", n])],
+        [tensor_info("y", FLOAT, ["batch", n])],
+        doc="MatMul with a weight built by ConstantOfShape (gebackend test model).",
+    )
+
+
+def build_nonzero() -> onnx.ModelProto:
+    """``indices = Transpose(NonZero(x))`` (shape ``[nnz, 2]``, known only at run time) and ``doubled = x + x`` for
+    ``x`` float32 ``[batch, 4]``.
+    """
+    g = GraphBuilder("nonzero")
+    g.op("Add", "x", "x", name="doubled")
+    g.op("Transpose", g.op("NonZero", "x", name="nz"), name="indices", perm=[1, 0])
+    return g.build(
+        [tensor_info("x", FLOAT, ["batch", 4])],
+        [tensor_info("doubled", FLOAT, ["batch", 4]), tensor_info("indices", INT64, ["nnz", 2])],
+        doc="NonZero: an output shape that depends on the data (gebackend test model).",
     )

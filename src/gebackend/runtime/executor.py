@@ -1,4 +1,4 @@
-"""Runs a batch of requests in dynamic graph mode: validate each, batch the compatible ones, run, split.
+"""Runs a batch of requests: validate each, batch the compatible ones, run them through a runner, split.
 
 A bad request fails alone: it is answered with its own error while the others in the same
 batch still run. If a batched run fails, its requests are retried one by one, so one request
@@ -7,29 +7,38 @@ whose values the engine rejects cannot take its neighbours down with it.
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence, Union
+from typing import Mapping, Protocol, Sequence, Union
 
 import numpy as np
 
 from gebackend.config.spec import ModelSpec
-from gebackend.engines.base import Engine, EngineInputError, EngineRunError
 from gebackend.errors import GeBackendError, InvalidRequest
 from gebackend.runtime import batching
+from gebackend.engines.base import Engine
+from gebackend.runtime.runners import DynamicRunner, InternalError
 from gebackend.runtime.validation import validate_request
 
 Tensors = Mapping[str, np.ndarray]
 Result = Union[dict, GeBackendError]  # the outputs of one request, or why it failed
 
+__all__ = ["Executor", "InternalError", "Runner"]
 
-class InternalError(GeBackendError):
-    """The server's fault, not the request's (HTTP 500)."""
+
+class Runner(Protocol):
+    def run(self, feeds: Tensors) -> dict[str, np.ndarray]: ...
+
+    def close(self) -> None: ...
 
 
 class Executor:
-    def __init__(self, spec: ModelSpec, engine: Engine):
+    def __init__(self, spec: ModelSpec, runner: Runner):
         self.spec = spec
-        self.engine = engine
-        self._output_names = [t.name for t in spec.outputs]
+        self.runner = runner
+
+    @classmethod
+    def dynamic(cls, spec: ModelSpec, engine: Engine) -> "Executor":
+        """An executor running `engine` in dynamic graph mode."""
+        return cls(spec, DynamicRunner(spec.name, engine, [t.name for t in spec.outputs]))
 
     def execute(self, requests: Sequence[Tensors]) -> list[Result]:
         results: list[Result | None] = [None] * len(requests)
@@ -41,46 +50,29 @@ class Executor:
             except InvalidRequest as exc:
                 results[index] = exc
         if self.spec.batching:
-            groups = batching.group_compatible([requests[i] for i in runnable])
-            for group in groups:
+            for group in batching.group_compatible([requests[i] for i in runnable]):
                 members = [runnable[i] for i in group]
                 for index, result in zip(members, self._run_group([requests[i] for i in members])):
                     results[index] = result
         else:
             for index in runnable:
-                results[index] = self._run_one(requests[index])
+                results[index] = self._run_batched([requests[index]])[0]
         return results  # type: ignore[return-value]
 
     def _run_group(self, group: Sequence[Tensors]) -> list[Result]:
-        if len(group) == 1:
-            return [self._run_batched(group)[0]]
         results = self._run_batched(group)
-        if isinstance(results[0], GeBackendError):
+        if len(group) > 1 and isinstance(results[0], GeBackendError):
             return [self._run_batched([one])[0] for one in group]  # isolate the request at fault
         return results
 
     def _run_batched(self, group: Sequence[Tensors]) -> list[Result]:
-        feeds, sizes = batching.concat(group)
         try:
-            outputs = self._run(feeds)
-            return batching.split(outputs, sizes)
+            if not self.spec.batching:
+                return [self.runner.run(group[0])]
+            feeds, sizes = batching.concat(group)
+            return batching.split(self.runner.run(feeds), sizes)
         except GeBackendError as exc:
             return [exc] * len(group)
 
-    def _run_one(self, inputs: Tensors) -> Result:
-        try:
-            return self._run(inputs)
-        except GeBackendError as exc:
-            return exc
-
-    def _run(self, feeds: Tensors) -> dict[str, np.ndarray]:
-        try:
-            arrays = self.engine.run(feeds, self._output_names)
-        except EngineInputError as exc:
-            raise InvalidRequest(f"model '{self.spec.name}' cannot run this request: {exc}") from None
-        except EngineRunError as exc:
-            raise InternalError(f"model '{self.spec.name}' failed while running: {exc}") from None
-        return dict(zip(self._output_names, arrays))
-
     def close(self) -> None:
-        self.engine.close()
+        self.runner.close()

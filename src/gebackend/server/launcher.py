@@ -214,11 +214,16 @@ class TritonServer:
             self.workdir = None
 
 
+def load_failure_reason(entry: dict) -> str:
+    """Triton's reason for a model that did not load, without the Python stack it appends."""
+    return (entry.get("reason") or entry.get("state") or "").split("\n\nAt:")[0].strip()
+
+
 def format_model_table(index: Sequence[dict]) -> list[str]:
     lines = []
     for entry in sorted(index, key=lambda e: e.get("name", "")):
         version = f" v{entry['version']}" if entry.get("version") else ""
         state = entry.get("state") or "UNKNOWN"
-        reason = f" - {entry['reason']}" if entry.get("reason") and state != "READY" else ""
+        reason = f" - {load_failure_reason(entry)}" if entry.get("reason") and state != "READY" else ""
         lines.append(f"  {entry.get('name')}{version}: {state}{reason}")
     return lines

@@ -17,9 +17,10 @@ from gebackend.config.model_file import find_model_file, latest_version_dir, mod
 from gebackend.config.onnx_signature import read_signature
 from gebackend.config.options import ParsedOptions, global_options_from_env, model_parameters, parse_options
 from gebackend.config.spec import ModelSpec, build_model_spec, reconcile
-from gebackend.engines import create_engine
+from gebackend.engines import providers_for
 from gebackend.errors import GeBackendError, InvalidRequest
 from gebackend.runtime.executor import Executor
+from gebackend.runtime.loader import load_executor
 
 
 def _options(name: str, config: dict) -> ParsedOptions:
@@ -76,18 +77,16 @@ class ServedModel:
             parsed = _options(name, config)
             if parsed.unknown:
                 log.log_warn(f"gebackend: model '{name}': unknown option(s) ignored: {', '.join(parsed.unknown)}")
-            if parsed.options.static_model:
-                raise GeBackendError("static_model=1 is not supported by this version yet; remove it or set 0")
             spec = build_model_spec(config, read_signature(path), path, parsed.options)
-            engine = create_engine(spec)
+            providers = providers_for(args.get("model_instance_kind", "CPU"), int(args.get("model_instance_device_id", 0)))
+            executor, how = load_executor(spec, providers, lambda m: log.log_info(f"gebackend: model '{name}': {m}"))
         except GeBackendError as exc:
             raise RuntimeError(_named(name, str(exc))) from None
         log.log_info(
             f"gebackend: model '{name}' instance '{args['model_instance_name']}' loaded {path.name} in "
-            f"{time.perf_counter() - started:.2f}s: dynamic graph, max_batch_size={spec.max_batch_size}, "
-            f"{engine.describe()}"
+            f"{time.perf_counter() - started:.2f}s: max_batch_size={spec.max_batch_size}, {how}"
         )
-        return cls(spec, Executor(spec, engine), pb_utils)
+        return cls(spec, executor, pb_utils)
 
     def execute(self, requests: list) -> list:
         pb = self.pb

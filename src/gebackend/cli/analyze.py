@@ -1,0 +1,116 @@
+"""`gebackend analyze`: run the graph doctor on an ONNX file and optionally write its constant-folded copy."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import onnx
+
+from gebackend.errors import ConfigError, GeBackendError
+
+
+def _size_limit(text: str) -> int | None:
+    if text.lower() == "none":
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of bytes or 'none'") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} must be at least 1 byte ('none' folds everything)")
+    return value
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser(
+        "analyze",
+        help="diagnose an ONNX model for the static graph mode",
+        description="Report which nodes of MODEL have fully known output shapes, the first node where that "
+        "breaks and why, and the constant subgraphs folding removes.",
+    )
+    p.add_argument("model", metavar="MODEL.onnx", type=Path)
+    p.add_argument("--config", type=Path, metavar="config.pbtxt",
+                   help="take the input shapes from the shapes this config compiles (the first set is analysed)")
+    p.add_argument("--shape", action="append", default=[], metavar="NAME:D0,D1,...",
+                   help="fix an input's full shape (repeatable); overrides --config")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument("--fix", type=Path, metavar="OUT.onnx",
+                   help="write MODEL with its constant subgraphs folded (input shapes unchanged)")
+    p.add_argument("--size-limit", type=_size_limit, default=1 << 20, metavar="BYTES",
+                   help="leave folded tensors larger than this unfolded; 'none' folds everything (default: 1 MiB)")
+    p.set_defaults(func=run)
+
+
+def parse_shape(text: str) -> tuple[str, tuple[int, ...]]:
+    """`name:d0,d1,...` -> (name, dims); the name may itself contain ':'."""
+    name, sep, dims = text.rpartition(":")
+    try:
+        values = tuple(int(d) for d in dims.split(",") if d.strip())
+    except ValueError:
+        values = ()
+    if not sep or not name or not values:
+        raise ConfigError(f"--shape {text!r} is not NAME:D0,D1,... (e.g. input_ids:1,128)")
+    return name, values
+
+
+def _load(path: Path) -> onnx.ModelProto:
+    try:
+        return onnx.load(str(path))
+    except Exception as exc:  # onnx raises DecodeError, OSError, ...
+        raise ConfigError(f"cannot read ONNX file {path}: {type(exc).__name__}: {exc}") from None
+
+
+def _config_shapes(path: Path, model: onnx.ModelProto) -> tuple[dict[str, tuple[int, ...]], int]:
+    """The first shape set the config compiles, and how many there are."""
+    from gebackend.config.onnx_signature import signature_of
+    from gebackend.config.pbtxt import load_model_config
+    from gebackend.config.static_shapes import shapes_from_config  # written alongside; imported on use
+
+    shape_sets = shapes_from_config(load_model_config(path), signature_of(model))
+    return (dict(shape_sets[0]) if shape_sets else {}), len(shape_sets)
+
+
+def _save(model: onnx.ModelProto, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    external = model.ByteSize() >= onnx.checker.MAXIMUM_PROTOBUF
+    onnx.save_model(model, str(path), save_as_external_data=external, location=f"{path.name}.data")
+
+
+def run(args: argparse.Namespace, extra: list[str]) -> int:
+    from gebackend.compile.doctor import analyze, fix
+
+    try:
+        model = _load(args.model)
+        shapes: dict[str, tuple[int, ...]] = {}
+        shape_sets = None
+        if args.config is not None:
+            shapes, shape_sets = _config_shapes(args.config, model)
+        shapes.update(parse_shape(s) for s in args.shape)
+        report = analyze(model, shapes or None, size_limit=args.size_limit)
+        fixed = None
+        if args.fix is not None:
+            folded, removed = fix(model, size_limit=args.size_limit)
+            _save(folded, args.fix)
+            fixed = {"path": str(args.fix), "removed_nodes": removed}
+    except (GeBackendError, ValueError, OSError) as exc:
+        print(f"gebackend analyze: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        result = report.to_dict()
+        result["model"] = str(args.model)
+        if shape_sets is not None:
+            result["compiled_shape_sets"] = shape_sets
+        if fixed is not None:
+            result["fix"] = fixed
+        print(json.dumps(result, indent=2))
+        return 0
+    print(f"model: {args.model}")
+    if shape_sets is not None:
+        print(f"config {args.config} compiles {shape_sets} shape set(s)" + ("; analysing the first" if shape_sets else ""))
+    print(report.format_text())
+    if fixed is not None:
+        print(f"wrote {args.fix}: folding removed {fixed['removed_nodes']} node(s)")
+    return 0

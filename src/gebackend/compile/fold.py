@@ -1,0 +1,92 @@
+"""Folding pass: constant folding, dead-node elimination and shape inference through onnxslim, quietly.
+
+onnxslim's graph fusion, common-subexpression elimination and weight tying are skipped, so graph
+input/output names and the initializers the pass did not fold away keep their names and their uses:
+callers share weights across several specialised copies by initializer name. Graph inputs onnxslim drops
+as unused are put back.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+
+import onnx
+
+# Fusion invents (custom) op types; common-subexpression elimination merges nodes whose weights are equal
+# by value (dropping one of two equal initializers); weight tying renames shared initializers.
+_SKIP = ["graph_fusion", "subexpression_elimination", "weight_tying"]
+
+
+@contextlib.contextmanager
+def _quiet():
+    """Swallow onnxslim's prints (its graphsurgeon logger prints to stdout) and its log records meanwhile.
+
+    A NullHandler on the "onnxslim" logger stops onnxslim's `init_logging` from adding a stderr handler of
+    its own; records from it and its child loggers stop there instead of reaching the root logger.
+    """
+    logger = logging.getLogger("onnxslim")
+    if not any(isinstance(h, logging.NullHandler) for h in logger.handlers):
+        logger.addHandler(logging.NullHandler())
+    saved = logger.level, logger.propagate
+    logger.propagate = False
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            yield
+    finally:
+        logger.setLevel(saved[0])  # onnxslim sets its own level on every call
+        logger.propagate = saved[1]
+
+
+def _restore_inputs(original: onnx.ModelProto, slimmed: onnx.ModelProto) -> None:
+    """Put back graph inputs onnxslim dropped as unused, in the original order."""
+    initializers = {init.name for init in original.graph.initializer}
+    wanted = [v for v in original.graph.input if v.name not in initializers]
+    have = {v.name: v for v in slimmed.graph.input}
+    if [v.name for v in wanted] == list(have):
+        return
+    restored = [have.get(v.name, v) for v in wanted]
+    del slimmed.graph.input[:]
+    slimmed.graph.input.extend(restored)
+
+
+def _dedupe_value_info(model: onnx.ModelProto) -> None:
+    """onnxslim may emit a tensor's value_info more than once; keep the first."""
+    seen: set[str] = set()
+    unique = []
+    for value in model.graph.value_info:
+        if value.name not in seen:
+            seen.add(value.name)
+            unique.append(value)
+    if len(unique) != len(model.graph.value_info):
+        del model.graph.value_info[:]
+        model.graph.value_info.extend(unique)
+
+
+def fold_constants(model: onnx.ModelProto, size_limit: int | None = 1 << 20) -> onnx.ModelProto:
+    """A copy of `model` with constant subgraphs folded into initializers, dead nodes removed and shapes inferred.
+
+    A folded tensor larger than `size_limit` bytes is left to be computed at run time (e.g. a big weight made
+    by `ConstantOfShape` is not materialised); `None` folds everything. `model` itself is not changed.
+    """
+    if size_limit is not None and size_limit < 1:
+        # onnxslim reads a threshold of 0 as "no threshold".
+        raise ValueError(f"size_limit must be at least 1 byte, or None for no limit; got {size_limit}")
+    import onnxslim  # heavy import: only when a model is folded
+
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    output_names = [o.name for o in model.graph.output]
+    with _quiet():
+        slimmed = onnxslim.slim(copy, skip_optimizations=list(_SKIP), size_threshold=size_limit)
+    if slimmed is None:  # pragma: no cover - only with model_check, which is off
+        raise RuntimeError("onnxslim returned no model")
+    _restore_inputs(model, slimmed)
+    _dedupe_value_info(slimmed)
+    got = [o.name for o in slimmed.graph.output]
+    if got != output_names:  # pragma: no cover - onnxslim keeps output names; guard the contract anyway
+        raise RuntimeError(f"constant folding changed the graph outputs from {output_names} to {got}")
+    if slimmed.ByteSize() < onnx.checker.MAXIMUM_PROTOBUF:  # the checker cannot take a larger proto
+        onnx.checker.check_model(slimmed)
+    return slimmed

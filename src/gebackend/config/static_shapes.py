@@ -1,0 +1,150 @@
+"""Which input shapes a static model is compiled for: ge-backend's shape buckets, or the shapes config.pbtxt fixes.
+
+`graph.ge.inputShape="image:-1,3,-1,-1"` names each input's full shape (batch dim included when the
+model batches), with `-1` for every dim a bucket fills in; `graph.ge.dynamicDims="1,224,224;8,224,224"`
+lists the buckets, one value per `-1` in the order they appear, buckets separated by `;`. Several
+inputs are separated by `;` in inputShape. Without buckets, `static_model=1` compiles the shapes
+config.pbtxt fixes, with batch sizes 1, 2, 4, ... up to max_batch_size when the model batches.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+from gebackend.config.onnx_signature import Signature
+from gebackend.config.options import BackendOptions, model_parameters, parse_options
+from gebackend.config.spec import TensorSpec
+from gebackend.errors import ConfigError
+
+Shapes = dict[str, tuple[int, ...]]  # input name -> full shape (batch dim included when batching)
+
+
+def _ints(model: str, key: str, text: str) -> list[int]:
+    try:
+        return [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise ConfigError(f"model '{model}': {key} has a non-integer value in {text!r}") from None
+
+
+def parse_buckets(model: str, input_shape: str, dynamic_dims: str) -> list[Shapes]:
+    """Parse graph.ge.inputShape / graph.ge.dynamicDims into one `Shapes` per bucket (unchecked against the model)."""
+    if not input_shape or not dynamic_dims:
+        missing = "graph.ge.dynamicDims" if input_shape else "graph.ge.inputShape"
+        raise ConfigError(f"model '{model}': shape buckets need both graph.ge.inputShape and graph.ge.dynamicDims; {missing} is missing")
+    templates: list[tuple[str, list[int]]] = []
+    for part in filter(None, (p.strip() for p in input_shape.split(";"))):
+        name, sep, dims = part.rpartition(":")
+        if not sep or not name.strip():
+            raise ConfigError(f"model '{model}': graph.ge.inputShape entry {part!r} is not NAME:d0,d1,...")
+        templates.append((name.strip(), _ints(model, "graph.ge.inputShape", dims)))
+    free = sum(d == -1 for _, dims in templates for d in dims)
+    buckets = []
+    for number, part in enumerate(filter(None, (p.strip() for p in dynamic_dims.split(";"))), start=1):
+        values = _ints(model, "graph.ge.dynamicDims", part)
+        if len(values) != free:
+            raise ConfigError(
+                f"model '{model}': graph.ge.dynamicDims bucket {number} ({part!r}) has {len(values)} values but "
+                f"graph.ge.inputShape ({input_shape!r}) has {free} dims set to -1"
+            )
+        if any(v < 1 for v in values):
+            raise ConfigError(f"model '{model}': graph.ge.dynamicDims bucket {number} ({part!r}) has a dim < 1")
+        it = iter(values)
+        buckets.append({name: tuple(next(it) if d == -1 else d for d in dims) for name, dims in templates})
+    if not buckets:
+        raise ConfigError(f"model '{model}': graph.ge.dynamicDims lists no bucket")
+    return buckets
+
+
+def _fmt(shape: Sequence[int]) -> str:
+    return "[" + ",".join(str(d) for d in shape) + "]"
+
+
+def _check_bucket(model: str, number: int, bucket: Shapes, inputs: Sequence[TensorSpec], max_batch_size: int) -> Shapes:
+    """Complete a bucket with the inputs it leaves out and check it against the model's inputs."""
+    batching = max_batch_size > 0
+    names = {t.name for t in inputs}
+    for name in bucket:
+        if name not in names:
+            raise ConfigError(f"model '{model}': graph.ge.inputShape names input '{name}', but the model's inputs are {sorted(names)}")
+    batch = next(iter(bucket.values()))[0] if batching else None
+    full: Shapes = {}
+    labels: dict[str, tuple[int, str]] = {}
+    for tensor in inputs:
+        offset = 1 if batching else 0
+        shape = bucket.get(tensor.name)
+        if shape is None:
+            if -1 in tensor.dims:
+                raise ConfigError(
+                    f"model '{model}': input '{tensor.name}' has unresolved dims {_fmt(tensor.dims)} and is not in "
+                    f"graph.ge.inputShape; add it there"
+                )
+            shape = ((batch,) if batching else ()) + tensor.dims
+        where = f"model '{model}': bucket {number} gives input '{tensor.name}' shape {_fmt(shape)}"
+        if len(shape) != len(tensor.dims) + offset:
+            raise ConfigError(f"{where}, but the model expects rank {len(tensor.dims) + offset}")
+        if batching:
+            if shape[0] > max_batch_size:
+                raise ConfigError(f"{where}, whose batch {shape[0]} exceeds max_batch_size {max_batch_size}")
+            if shape[0] != batch:
+                raise ConfigError(f"{where}, whose batch {shape[0]} differs from the other inputs' ({batch})")
+        for axis, (want, label, got) in enumerate(zip(tensor.dims, tensor.labels, shape[offset:]), start=offset):
+            if want != -1 and got != want:
+                raise ConfigError(f"{where}, but dim {axis} is fixed to {want}")
+            if label is not None:
+                seen = labels.setdefault(label, (got, tensor.name))
+                if seen[0] != got:
+                    raise ConfigError(f"{where}, but its dim '{label}' ({got}) differs from input '{seen[1]}' ({seen[0]})")
+        full[tensor.name] = tuple(shape)
+    return full
+
+
+def _batch_sizes(max_batch_size: int) -> list[int]:
+    sizes, size = [], 1
+    while size < max_batch_size:
+        sizes.append(size)
+        size *= 2
+    return sizes + [max_batch_size]
+
+
+def compiled_shapes(model: str, max_batch_size: int, inputs: Sequence[TensorSpec], options: BackendOptions) -> list[Shapes]:
+    """The shapes to compile, smallest first; [] when the model runs in dynamic graph mode."""
+    if options.input_shape or options.dynamic_dims:
+        buckets = parse_buckets(model, options.input_shape, options.dynamic_dims)
+        checked = [_check_bucket(model, n, b, inputs, max_batch_size) for n, b in enumerate(buckets, start=1)]
+    elif options.static_model:
+        for tensor in inputs:
+            for axis, (dim, label) in enumerate(zip(tensor.dims, tensor.labels)):
+                if dim == -1:
+                    shown = f" ('{label}')" if label else ""
+                    raise ConfigError(
+                        f"model '{model}': static_model=1 needs every input shape fixed, but input '{tensor.name}' "
+                        f"dim {axis + (1 if max_batch_size > 0 else 0)}{shown} is unresolved; fix it with dims in "
+                        f"config.pbtxt, or compile shape buckets with graph.ge.inputShape and graph.ge.dynamicDims"
+                    )
+        if max_batch_size > 0:
+            checked = [{t.name: (b,) + t.dims for t in inputs} for b in _batch_sizes(max_batch_size)]
+        else:
+            checked = [{t.name: t.dims for t in inputs}]
+    else:
+        return []
+    unique = {tuple(sorted(s.items())): s for s in checked}
+    return sorted(unique.values(), key=lambda s: tuple(s.values()))
+
+
+def check_paddable(model: str, inputs: Sequence[TensorSpec], options: BackendOptions) -> None:
+    labels = {label for t in inputs for label in t.labels if label}
+    for name in options.bucket_paddable_dims:
+        if name not in labels:
+            raise ConfigError(
+                f"model '{model}': bucket_paddable_dims names dim '{name}', but the model's named dims are {sorted(labels)}"
+            )
+
+
+def shapes_from_config(config: Mapping, signature: Signature) -> list[Shapes]:
+    """The compiled shapes of a config.pbtxt (as a dict) for an ONNX signature, for `gebackend analyze`."""
+    from gebackend.config.spec import reconcile
+
+    name = config.get("name", "model")
+    options = parse_options(name, {}, model_parameters(config), config).options
+    result = reconcile(name, config, signature, options.default_max_batch_size)
+    return compiled_shapes(name, result.max_batch_size, result.inputs, options)

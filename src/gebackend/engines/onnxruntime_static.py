@@ -1,0 +1,207 @@
+"""The ONNX Runtime engine in static graph mode: one session per compiled shape, weights held once, buffers bound once.
+
+Every compiled shape (bucket) gets its own session over its specialised, folded graph. Weights the
+graphs share are handed to every session as the same OrtValue (`SessionOptions.add_initializer`),
+so an instance holds them once, not once per bucket. Input and output buffers are allocated once per
+shape and bound once (IOBinding): a run copies the feeds in, runs, and copies the outputs out. With
+the CUDA execution provider each session is captured as a CUDA graph on its fixed buffers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import numpy_helper
+
+from gebackend.config.options import BackendOptions
+from gebackend.engines.base import Engine, EngineInputError, EngineRunError
+from gebackend.engines.onnxruntime import session_options
+from gebackend.errors import ModelLoadError
+
+SHARE_MIN_BYTES = 1024  # smaller initializers are not worth sharing
+
+
+@dataclass
+class CompiledGraph:
+    """One static graph: the input shapes it was specialised to and the resulting model."""
+
+    shapes: Mapping[str, tuple[int, ...]]
+    model: onnx.ModelProto
+
+
+def _static_shape(value: onnx.ValueInfoProto) -> tuple[int, ...] | None:
+    dims = value.type.tensor_type.shape.dim
+    shape = tuple(d.dim_value for d in dims)
+    return shape if all(d.HasField("dim_value") and d.dim_value > 0 for d in dims) else None
+
+
+class _Bound:
+    """One session with its inputs and outputs bound to buffers allocated once."""
+
+    def __init__(self, session: ort.InferenceSession, graph: CompiledGraph, device: str):
+        self.session = session
+        self.device = device
+        self.binding = session.io_binding()
+        self.inputs: dict[str, object] = {}
+        for meta in session.get_inputs():
+            shape = graph.shapes[meta.name]
+            dtype = _numpy_type(meta.type)
+            if device == "cuda":
+                value = ort.OrtValue.ortvalue_from_shape_and_type(shape, dtype, "cuda", 0)
+                self.binding.bind_ortvalue_input(meta.name, value)
+            else:
+                value = np.zeros(shape, dtype=dtype)
+                self.binding.bind_cpu_input(meta.name, value)
+            self.inputs[meta.name] = value
+        self.outputs: dict[str, object | None] = {}
+        declared = {v.name: v for v in graph.model.graph.output}
+        for meta in session.get_outputs():
+            shape = _static_shape(declared[meta.name]) if meta.name in declared else None
+            dtype = _numpy_type(meta.type)
+            if shape is None:
+                self.binding.bind_output(meta.name, device)  # shape known only at run time
+                self.outputs[meta.name] = None
+            elif device == "cuda":
+                value = ort.OrtValue.ortvalue_from_shape_and_type(shape, dtype, "cuda", 0)
+                self.binding.bind_ortvalue_output(meta.name, value)
+                self.outputs[meta.name] = value
+            else:
+                value = np.empty(shape, dtype=dtype)
+                self.binding.bind_output(meta.name, "cpu", 0, dtype, shape, value.ctypes.data)
+                self.outputs[meta.name] = value
+        self._dynamic_outputs = [n for n, v in self.outputs.items() if v is None]
+
+    def run(self, feeds: Mapping[str, np.ndarray], output_names: Sequence[str]) -> list[np.ndarray]:
+        for name, value in self.inputs.items():
+            if self.device == "cuda":
+                value.update_inplace(np.ascontiguousarray(feeds[name]))
+            else:
+                np.copyto(value, feeds[name])
+        self.session.run_with_iobinding(self.binding)
+        fetched = {}
+        if self._dynamic_outputs:
+            names = [m.name for m in self.session.get_outputs()]
+            for name, array in zip(names, self.binding.copy_outputs_to_cpu()):
+                fetched[name] = array
+        result = []
+        for name in output_names:
+            value = self.outputs[name]
+            if value is None:
+                result.append(fetched[name])
+            elif self.device == "cuda":
+                result.append(value.numpy())
+            else:
+                result.append(value.copy())  # the buffer is reused by the next run
+        return result
+
+
+_ORT_TYPES = {
+    "tensor(float)": np.float32, "tensor(double)": np.float64, "tensor(float16)": np.float16,
+    "tensor(int64)": np.int64, "tensor(int32)": np.int32, "tensor(int16)": np.int16, "tensor(int8)": np.int8,
+    "tensor(uint64)": np.uint64, "tensor(uint32)": np.uint32, "tensor(uint16)": np.uint16, "tensor(uint8)": np.uint8,
+    "tensor(bool)": np.bool_,
+}
+
+
+def _numpy_type(ort_type: str):
+    try:
+        return _ORT_TYPES[ort_type]
+    except KeyError:
+        raise ModelLoadError(f"static graph mode cannot bind a {ort_type} tensor; use dynamic graph mode") from None
+
+
+class OrtStaticEngine(Engine):
+    name = "onnxruntime-static"
+
+    def __init__(
+        self,
+        graphs: Sequence[CompiledGraph],
+        options: BackendOptions,
+        providers: Sequence = ("CPUExecutionProvider",),
+        warmup_runs: int = 1,
+    ):
+        self._options = options
+        self._providers = list(providers)
+        self.device = "cuda" if any(_provider_name(p) == "CUDAExecutionProvider" for p in providers) else "cpu"
+        self._shared: dict[str, tuple[np.ndarray, ort.OrtValue]] = {}
+        self._private_bytes = 0
+        self._by_shape: dict[tuple, _Bound] = {}
+        self._order: list[str] = []
+        for graph in graphs:
+            bound = self._build(graph)
+            self._order = [m.name for m in bound.session.get_inputs()]
+            self._by_shape[self._key(graph.shapes)] = bound
+            for _ in range(warmup_runs + (1 if self.device == "cuda" else 0)):
+                bound.run({n: np.zeros_like(v) if isinstance(v, np.ndarray) else v.numpy() for n, v in bound.inputs.items()},
+                          [m.name for m in bound.session.get_outputs()])
+
+    def _build(self, graph: CompiledGraph) -> _Bound:
+        so = session_options(self._options)
+        for init in graph.model.graph.initializer:
+            if init.ByteSize() < SHARE_MIN_BYTES:
+                continue
+            array = numpy_helper.to_array(init)
+            held = self._shared.get(init.name)
+            if held is None or held[0].dtype != array.dtype or held[0].shape != array.shape or not np.array_equal(held[0], array):
+                held = (array, ort.OrtValue.ortvalue_from_numpy(array))
+                if init.name in self._shared:
+                    self._private_bytes += array.nbytes  # same name, other value: this graph's own copy
+                    self._shared[f"{init.name}#{len(self._by_shape)}"] = held
+                else:
+                    self._shared[init.name] = held
+            so.add_initializer(init.name, held[1])
+        providers = self._providers
+        if self.device == "cuda" and self._options.enable_cuda_graph:
+            providers = [_with_cuda_graph(p) for p in providers]
+        try:
+            session = ort.InferenceSession(graph.model.SerializeToString(), sess_options=so, providers=providers)
+        except Exception as exc:
+            raise ModelLoadError(f"ONNX Runtime cannot build the static graph for {dict(graph.shapes)}: {exc}") from None
+        return _Bound(session, graph, self.device)
+
+    @staticmethod
+    def _key(shapes: Mapping[str, Sequence[int]]) -> tuple:
+        return tuple(sorted((name, tuple(int(d) for d in shape)) for name, shape in shapes.items()))
+
+    def run(self, feeds: Mapping[str, np.ndarray], output_names: Sequence[str]) -> list[np.ndarray]:
+        bound = self._by_shape.get(self._key({n: a.shape for n, a in feeds.items()}))
+        if bound is None:
+            sent = {n: list(a.shape) for n, a in feeds.items()}
+            raise EngineInputError(f"no static graph was compiled for input shapes {sent}")
+        try:
+            return bound.run(feeds, output_names)
+        except Exception as exc:
+            raise EngineRunError(f"{type(exc).__name__}: {exc}") from None
+
+    @property
+    def shared_weight_bytes(self) -> int:
+        return sum(array.nbytes for array, _ in self._shared.values())
+
+    def describe(self) -> str:
+        o = self._options
+        first = next(iter(self._by_shape.values()))
+        return (
+            f"onnxruntime {ort.__version__} static graph: {len(self._by_shape)} compiled shape(s), "
+            f"providers={first.session.get_providers()}, weights held once ({self.shared_weight_bytes / 2**20:.1f} MiB), "
+            f"IOBinding on {self.device}, cuda_graph={'on' if self.device == 'cuda' and o.enable_cuda_graph else 'off'}, "
+            f"intra_op_threads={o.intra_op_thread_count or 'default'}"
+        )
+
+    def close(self) -> None:
+        self._by_shape.clear()
+        self._shared.clear()
+
+
+def _provider_name(provider) -> str:
+    return provider[0] if isinstance(provider, tuple) else provider
+
+
+def _with_cuda_graph(provider):
+    if _provider_name(provider) != "CUDAExecutionProvider":
+        return provider
+    name, opts = (provider if isinstance(provider, tuple) else (provider, {}))
+    return (name, {**opts, "enable_cuda_graph": "1"})

@@ -1,0 +1,135 @@
+"""Shape-bucket routing: which compiled shape a batch runs on, how it is padded up, and how outputs are cut back.
+
+Pure logic on shapes and numpy arrays. A batch goes to the smallest bucket that holds it: the batch
+axis is zero-padded up to the bucket's batch; other axes must match exactly unless they carry a
+named dim declared paddable (e.g. `sequence`), which is zero-padded too. A batch larger than the
+largest bucket is split into several runs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+import numpy as np
+
+Shapes = Mapping[str, tuple[int, ...]]
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """One engine run: rows [start, stop) of the batch, padded up to `bucket`."""
+
+    bucket: int  # index into the router's buckets
+    start: int
+    stop: int
+
+    @property
+    def rows(self) -> int:
+        return self.stop - self.start
+
+
+class BucketRouter:
+    def __init__(
+        self,
+        buckets: Sequence[Shapes],
+        batching: bool,
+        input_labels: Mapping[str, Sequence[str | None]],
+        output_labels: Mapping[str, Sequence[str | None]],
+        paddable: Sequence[str] = (),
+    ):
+        """`*_labels`: the ONNX dim name of every axis *after* the batch axis (None when unnamed)."""
+        self.buckets = [dict(b) for b in buckets]
+        self.batching = batching
+        self.paddable = set(paddable)
+        offset = 1 if batching else 0
+        self._pad_axes = {
+            name: {axis + offset for axis, label in enumerate(labels) if label in self.paddable}
+            for name, labels in input_labels.items()
+        }
+        self._input_labels = {name: [None] * offset + list(labels) for name, labels in input_labels.items()}
+        self._output_labels = {name: [None] * offset + list(labels) for name, labels in output_labels.items()}
+
+    # -- routing -------------------------------------------------------------------------------
+    def _fits(self, bucket: Shapes, shapes: Shapes) -> bool:
+        start = 1 if self.batching else 0
+        for name, shape in shapes.items():
+            target = bucket.get(name)
+            if target is None or len(target) != len(shape):
+                return False
+            for axis in range(start, len(shape)):
+                if target[axis] != shape[axis] and not (axis in self._pad_axes.get(name, ()) and target[axis] > shape[axis]):
+                    return False
+        return True
+
+    def _inner_volume(self, bucket: Shapes) -> int:
+        start = 1 if self.batching else 0
+        return sum(int(np.prod(shape[start:])) for shape in bucket.values())
+
+    def plan(self, shapes: Shapes) -> list[Chunk] | None:
+        """The runs that cover a batch of these input shapes, or None if no bucket can hold it."""
+        candidates = [i for i, b in enumerate(self.buckets) if self._fits(b, shapes)]
+        if not candidates:
+            return None
+        if not self.batching:
+            best = min(candidates, key=lambda i: self._inner_volume(self.buckets[i]))
+            return [Chunk(best, 0, 1)]
+        # The tightest non-batch shape first, then batch sizes within it.
+        tightest = min(self._inner_volume(self.buckets[i]) for i in candidates)
+        same_inner = [i for i in candidates if self._inner_volume(self.buckets[i]) == tightest]
+        by_batch = sorted(same_inner, key=lambda i: self.batch_of(i))
+        rows = next(iter(shapes.values()))[0]
+        chunks, start = [], 0
+        largest = by_batch[-1]
+        while start < rows:
+            left = rows - start
+            fit = next((i for i in by_batch if self.batch_of(i) >= left), largest)
+            take = min(left, self.batch_of(fit))
+            chunks.append(Chunk(fit, start, start + take))
+            start += take
+        return chunks
+
+    def batch_of(self, index: int) -> int:
+        return next(iter(self.buckets[index].values()))[0]
+
+    # -- padding -------------------------------------------------------------------------------
+    def pad(self, feeds: Mapping[str, np.ndarray], chunk: Chunk) -> dict[str, np.ndarray]:
+        """Rows [start, stop) of every input, zero-padded up to the chunk's bucket."""
+        bucket = self.buckets[chunk.bucket]
+        out = {}
+        for name, array in feeds.items():
+            whole = not self.batching or (chunk.start == 0 and chunk.stop == array.shape[0])
+            part = array if whole else array[chunk.start:chunk.stop]
+            target = bucket[name]
+            if part.shape == target:
+                out[name] = part
+            else:
+                padded = np.zeros(target, dtype=part.dtype)
+                padded[tuple(slice(0, n) for n in part.shape)] = part
+                out[name] = padded
+        return out
+
+    def sizes_by_label(self, shapes: Shapes) -> dict[str, int]:
+        """The request's size of each paddable named dim, to cut outputs back to."""
+        sizes = {}
+        for name, shape in shapes.items():
+            for axis, label in enumerate(self._input_labels.get(name, ())):
+                if label in self.paddable:
+                    sizes[label] = shape[axis]
+        return sizes
+
+    def unpad(self, outputs: Mapping[str, np.ndarray], rows: int, label_sizes: Mapping[str, int]) -> dict[str, np.ndarray]:
+        """Cut padded rows and padded named dims off every output."""
+        out = {}
+        for name, array in outputs.items():
+            index = [slice(None)] * array.ndim
+            if self.batching and array.ndim:
+                index[0] = slice(0, rows)
+            for axis, label in enumerate(self._output_labels.get(name, ())):
+                if label in label_sizes and axis < array.ndim:
+                    index[axis] = slice(0, label_sizes[label])
+            out[name] = array[tuple(index)]
+        return out
+
+    def describe(self) -> list[str]:
+        return ["; ".join(f"{n}:{list(s)}" for n, s in b.items()) for b in self.buckets]

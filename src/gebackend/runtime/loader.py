@@ -1,0 +1,40 @@
+"""Builds what a `ModelSpec` asks for: a dynamic engine, or static graphs compiled per shape behind a bucket router."""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+from gebackend.config.spec import ModelSpec
+from gebackend.engines import create_engine
+from gebackend.runtime.buckets import BucketRouter
+from gebackend.runtime.executor import Executor
+from gebackend.runtime.runners import BucketRunner, DynamicRunner
+
+
+def load_executor(
+    spec: ModelSpec, providers: Sequence = ("CPUExecutionProvider",), log: Callable[[str], None] = lambda m: None
+) -> tuple[Executor, str]:
+    """The executor for a model and one line describing how it runs."""
+    output_names = [t.name for t in spec.outputs]
+    if not spec.static:
+        engine = create_engine(spec, providers)
+        return Executor(spec, DynamicRunner(spec.name, engine, output_names)), f"dynamic graph, {engine.describe()}"
+
+    from gebackend.compile.pipeline import compile_static
+    from gebackend.engines.onnxruntime_static import OrtStaticEngine
+
+    graphs, report = compile_static(spec.path, spec.static_shapes, spec.options.fold_size_limit, log)
+    for line in report.format_text().splitlines():
+        log(f"graph doctor: {line}")
+    engine = OrtStaticEngine(graphs, spec.options, providers)
+    router = BucketRouter(
+        spec.static_shapes,
+        spec.batching,
+        {t.name: t.labels for t in spec.inputs},
+        {t.name: t.labels for t in spec.outputs},
+        spec.options.bucket_paddable_dims,
+    )
+    fallback = create_engine(spec, providers) if spec.options.bucket_fallback == "dynamic" else None
+    runner = BucketRunner(spec.name, router, engine, output_names, fallback)
+    how = f"static graph, buckets [{' | '.join(router.describe())}], fallback={spec.options.bucket_fallback}, {engine.describe()}"
+    return Executor(spec, runner), how

@@ -1,0 +1,92 @@
+"""How one already-batched feed dict is run: straight on a dynamic engine, or through shape buckets on a static one."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from gebackend.engines.base import Engine, EngineInputError, EngineRunError
+from gebackend.errors import GeBackendError, InvalidRequest
+from gebackend.runtime.buckets import BucketRouter
+
+Tensors = Mapping[str, np.ndarray]
+
+
+class InternalError(GeBackendError):
+    """The server's fault, not the request's (HTTP 500)."""
+
+
+def run_engine(model: str, engine: Engine, feeds: Tensors, output_names: Sequence[str]) -> dict[str, np.ndarray]:
+    """Run an engine, turning its errors into the request's fault (400) or ours (500)."""
+    try:
+        arrays = engine.run(feeds, output_names)
+    except EngineInputError as exc:
+        raise InvalidRequest(f"model '{model}' cannot run this request: {exc}") from None
+    except EngineRunError as exc:
+        raise InternalError(f"model '{model}' failed while running: {exc}") from None
+    return dict(zip(output_names, arrays))
+
+
+class DynamicRunner:
+    """Dynamic graph mode: shapes are resolved by the engine on every run."""
+
+    def __init__(self, model: str, engine: Engine, output_names: Sequence[str]):
+        self.model, self.engine, self.output_names = model, engine, list(output_names)
+
+    def run(self, feeds: Tensors) -> dict[str, np.ndarray]:
+        return run_engine(self.model, self.engine, feeds, self.output_names)
+
+    def close(self) -> None:
+        self.engine.close()
+
+
+class BucketRunner:
+    """Static graph mode: pad each batch to a compiled shape, run, slice back; split what is too big."""
+
+    def __init__(
+        self,
+        model: str,
+        router: BucketRouter,
+        engine: Engine,
+        output_names: Sequence[str],
+        fallback: Engine | None = None,
+    ):
+        self.model, self.router, self.engine, self.fallback = model, router, engine, fallback
+        self.output_names = list(output_names)
+        self.runs_per_bucket: Counter[int] = Counter()
+        self.fallback_runs = 0
+        self.rows = 0
+        self.padded_rows = 0
+
+    def run(self, feeds: Tensors) -> dict[str, np.ndarray]:
+        shapes = {name: tuple(a.shape) for name, a in feeds.items()}
+        plan = self.router.plan(shapes)
+        if plan is None:
+            if self.fallback is not None:
+                self.fallback_runs += 1
+                return run_engine(self.model, self.fallback, feeds, self.output_names)
+            sent = "; ".join(f"{n}:{list(s)}" for n, s in shapes.items())
+            raise InvalidRequest(
+                f"model '{self.model}': input shapes {sent} match no compiled shape; compiled shapes: "
+                f"{' | '.join(self.router.describe())}"
+            )
+        label_sizes = self.router.sizes_by_label(shapes)
+        pieces = []
+        for chunk in plan:
+            padded = self.router.pad(feeds, chunk)
+            outputs = run_engine(self.model, self.engine, padded, self.output_names)
+            pieces.append(self.router.unpad(outputs, chunk.rows, label_sizes))
+            self.runs_per_bucket[chunk.bucket] += 1
+            bucket_rows = self.router.batch_of(chunk.bucket) if self.router.batching else 1
+            self.rows += bucket_rows
+            self.padded_rows += bucket_rows - chunk.rows
+        if len(pieces) == 1:
+            return pieces[0]
+        return {name: np.concatenate([p[name] for p in pieces], axis=0) for name in self.output_names}
+
+    def close(self) -> None:
+        self.engine.close()
+        if self.fallback is not None:
+            self.fallback.close()

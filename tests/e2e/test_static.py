@@ -1,0 +1,83 @@
+"""Static graph mode and shape buckets, end to end through real Triton."""
+
+from __future__ import annotations
+
+import re
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+from tritonclient.utils import InferenceServerException
+
+from .conftest import TWINS
+from .test_serving import client_for, example_feeds, infer, reference
+
+pytestmark = pytest.mark.e2e
+
+
+def assert_same(got, want):
+    for name, expected in want.items():
+        np.testing.assert_allclose(got.as_numpy(name), expected, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("twin", sorted(TWINS))
+@pytest.mark.parametrize("batch", [1, 3])
+def test_static_outputs_equal_dynamic(server, twin, batch):
+    original = TWINS[twin][0]
+    feeds = example_feeds(original, np.random.default_rng(batch), batch=batch)
+    static, dynamic = infer(server, "grpc", twin, feeds), infer(server, "grpc", original, feeds)
+    for name in ("logits", "last_hidden_state", "pooler_output"):
+        if dynamic.as_numpy(name) is not None:
+            np.testing.assert_allclose(static.as_numpy(name), dynamic.as_numpy(name), rtol=1e-4, atol=1e-5)
+
+
+def test_static_models_log_compilation_and_doctor(server):
+    out = server.output()
+    assert re.search(r"model 'bert_ge_static': compiled static graph 3/3 \[input_ids:4,32 attention_mask:4,32\]", out)
+    assert re.search(r"model 'bert_ge_static': graph doctor: ", out)
+    assert re.search(r"model 'resnet_ge_static' instance .* static graph, buckets \[image:\[1, 3, 64, 64\] \| image:\[2, 3, 64, 64\] "
+                     r"\| image:\[4, 3, 64, 64\] \| image:\[8, 3, 64, 64\]\]", out)
+
+
+def test_buckets_with_dynamic_batching_under_concurrency(server, repository):
+    """Requests of many shapes, batched by Triton, padded to buckets: each answer equals onnxruntime on it alone."""
+    rng = np.random.default_rng(11)
+    requests = []
+    for i in range(24):
+        rows, length = int(rng.integers(1, 3)), int(rng.integers(3, 33))
+        ids = rng.integers(0, 1000, size=(rows, length), dtype=np.int64)
+        mask = np.ones_like(ids)
+        mask[:, length - int(rng.integers(0, 3)):] = 0
+        requests.append({"input_ids": ids, "attention_mask": mask})
+
+    def send(feeds):
+        return infer(server, "grpc", "bert_ge_static", feeds)
+
+    with ThreadPoolExecutor(max_workers=12) as pool:
+        results = list(pool.map(send, requests))
+    for feeds, result in zip(requests, results):
+        assert_same(result, reference(repository, "bert_ge", feeds))
+    _, client = client_for(server, "http")
+    stats = client.get_inference_statistics("bert_ge_static")["model_stats"][0]
+    assert max(int(b["batch_size"]) for b in stats["batch_stats"]) > 1
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_shape_outside_every_bucket_is_a_400_naming_the_shapes(server, protocol):
+    ids = np.zeros((1, 40), np.int64)
+    with pytest.raises(InferenceServerException) as info:
+        infer(server, protocol, "bert_ge_static", {"input_ids": ids, "attention_mask": np.ones_like(ids)})
+    assert str(info.value.status()) in ("400", "StatusCode.INVALID_ARGUMENT")
+    message = str(info.value)
+    assert "bert_ge_static" in message and "input_ids:[1, 40]" in message and "input_ids:[4, 32]" in message
+    # still serving
+    feeds = example_feeds("bert_ge", np.random.default_rng(0), batch=1)
+    assert infer(server, protocol, "bert_ge_static", feeds).as_numpy("pooler_output").shape == (1, 64)
+
+
+def test_fallback_runs_unmatched_shapes_dynamically(server, repository):
+    feeds = example_feeds("bert_ge", np.random.default_rng(5), batch=2)  # 11 tokens: no 16-token padding allowed
+    assert_same(infer(server, "http", "bert_ge_fallback", feeds), reference(repository, "bert_ge", feeds))
+    ids = np.random.default_rng(6).integers(0, 1000, size=(3, 16), dtype=np.int64)
+    feeds = {"input_ids": ids, "attention_mask": np.ones_like(ids)}  # fits the 4x16 bucket
+    assert_same(infer(server, "http", "bert_ge_fallback", feeds), reference(repository, "bert_ge", feeds))

@@ -1,0 +1,94 @@
+"""Unit tests for `gebackend analyze`, run in-process on models saved to a temp folder."""
+
+from __future__ import annotations
+
+import json
+
+import onnx
+import pytest
+
+from gebackend.cli.main import main
+from gebackend.modelzoo import build_bert, build_mod_constant, build_nonzero
+
+
+@pytest.fixture()
+def mod_path(tmp_path):
+    path = tmp_path / "mod.onnx"
+    onnx.save(build_mod_constant(), path)
+    return path
+
+
+def test_text_report_names_the_mod_group(mod_path, capsys):
+    assert main(["analyze", str(mod_path)]) == 0
+    out = capsys.readouterr().out
+    assert "foldable constant subgraphs: 1 (2 nodes)" in out
+    assert "Mod '/attn/Mod' = 2 (Add, Mod)" in out
+    assert "unresolved inputs: x dim 0 ('batch')" in out
+
+
+def test_json_report(mod_path, capsys):
+    assert main(["analyze", str(mod_path), "--json", "--shape", "x:3,4"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    for key in ("node_count", "static_node_count", "first_break", "foldable", "foldable_node_count",
+                "unresolved_inputs", "host_ops", "shapes"):
+        assert key in data
+    assert data["shapes"] == {"x": [3, 4]}
+    assert (data["node_count"], data["static_node_count"], data["first_break"]) == (1, 1, None)
+    assert data["foldable"][0]["sink_op"] == "Mod" and data["foldable"][0]["value"] == 2
+
+
+def test_fix_writes_the_folded_model(mod_path, tmp_path, capsys):
+    out_path = tmp_path / "out" / "fixed.onnx"
+    assert main(["analyze", str(mod_path), "--fix", str(out_path)]) == 0
+    assert "folding removed 2 node(s)" in capsys.readouterr().out
+    fixed = onnx.load(str(out_path))
+    assert [n.op_type for n in fixed.graph.node] == ["Gather"]
+    assert [v.name for v in fixed.graph.input] == ["x"]
+    assert [d.dim_param for d in fixed.graph.input[0].type.tensor_type.shape.dim][0] == "batch"
+
+
+def test_shape_flag_reaches_the_doctor(tmp_path, capsys):
+    path = tmp_path / "nz.onnx"
+    onnx.save(build_nonzero(), path)
+    assert main(["analyze", str(path), "--shape", "x:2,4"]) == 0
+    assert "first node where static breaks: #1 NonZero 'nz' (inputs: x): data-dependent output shape" in capsys.readouterr().out
+
+
+def test_config_buckets_give_the_shapes(tmp_path, capsys):
+    model_dir = tmp_path / "bert_static"
+    (model_dir / "1").mkdir(parents=True)
+    onnx.save(build_bert(), model_dir / "1" / "model.onnx")
+    (model_dir / "config.pbtxt").write_text(
+        'backend: "ge"\nmax_batch_size: 4\n'
+        'parameters { key: "graph.ge.inputShape" value: { string_value: "input_ids:-1,-1;attention_mask:-1,-1" } }\n'
+        'parameters { key: "graph.ge.dynamicDims" value: { string_value: "1,16,1,16;4,32,4,32" } }\n'
+    )
+    code = main(["analyze", str(model_dir / "1" / "model.onnx"), "--config", str(model_dir / "config.pbtxt")])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "compiles 2 shape set(s); analysing the first" in out
+    assert "shapes: input_ids=[1, 16], attention_mask=[1, 16]" in out
+    assert "first node where static breaks: none" in out
+
+
+def test_missing_file_exits_2(tmp_path, capsys):
+    assert main(["analyze", str(tmp_path / "nope.onnx")]) == 2
+    err = capsys.readouterr().err
+    assert "cannot read ONNX file" in err and "nope.onnx" in err
+
+
+@pytest.mark.parametrize("shape, message", [
+    ("x=3,4", "is not NAME:D0,D1"),
+    ("y:3,4", "'y': not a graph input; the inputs are x"),
+    ("x:3,5", "dim 1 is fixed to 4 in the model, not 5"),
+])
+def test_bad_shape_exits_2(mod_path, capsys, shape, message):
+    assert main(["analyze", str(mod_path), "--shape", shape]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_bad_size_limit_is_a_usage_error(mod_path, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["analyze", str(mod_path), "--size-limit", "0"])
+    assert exc.value.code == 2
+    assert "at least 1 byte" in capsys.readouterr().err

@@ -1,0 +1,124 @@
+"""Bucket routing, padding and slicing (pure logic), and the bucket runner around a fake engine."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from gebackend.engines.base import Engine
+from gebackend.errors import InvalidRequest
+from gebackend.runtime.buckets import BucketRouter, Chunk
+from gebackend.runtime.runners import BucketRunner
+
+IMAGE_BUCKETS = [{"image": (b, 3, 8, 8)} for b in (1, 2, 4, 8)] + [{"image": (2, 3, 16, 16)}]
+
+
+def image_router():
+    return BucketRouter(IMAGE_BUCKETS, True, {"image": [None, None, None]}, {"logits": [None]})
+
+
+@pytest.mark.parametrize("rows,expected", [(1, [(0, 1)]), (2, [(1, 2)]), (3, [(2, 3)]), (4, [(2, 4)]), (5, [(3, 5)]), (8, [(3, 8)])])
+def test_batch_goes_to_smallest_bucket_that_holds_it(rows, expected):
+    plan = image_router().plan({"image": (rows, 3, 8, 8)})
+    assert [(c.bucket, c.rows) for c in plan] == expected
+
+
+def test_oversize_batch_is_split_into_several_runs():
+    plan = image_router().plan({"image": (19, 3, 8, 8)})
+    assert plan == [Chunk(3, 0, 8), Chunk(3, 8, 16), Chunk(2, 16, 19)]
+
+
+def test_non_batch_axes_must_match_exactly():
+    router = image_router()
+    assert router.plan({"image": (1, 3, 16, 16)}) == [Chunk(4, 0, 1)]
+    assert router.plan({"image": (3, 3, 16, 16)}) == [Chunk(4, 0, 2), Chunk(4, 2, 3)]
+    assert router.plan({"image": (1, 3, 12, 12)}) is None  # no padding along unnamed axes
+
+
+def text_router():
+    buckets = [{"ids": (b, s), "mask": (b, s)} for b in (1, 4) for s in (8, 16)]
+    return BucketRouter(
+        buckets, True, {"ids": ["sequence"], "mask": ["sequence"]},
+        {"hidden": ["sequence", None], "pooled": [None]}, paddable=["sequence"],
+    )
+
+
+def test_paddable_named_dim_goes_to_the_tightest_bucket():
+    router = text_router()
+    plan = router.plan({"ids": (3, 5), "mask": (3, 5)})
+    assert [router.buckets[c.bucket]["ids"] for c in plan] == [(4, 8)]
+    plan = router.plan({"ids": (1, 9), "mask": (1, 9)})
+    assert [router.buckets[c.bucket]["ids"] for c in plan] == [(1, 16)]
+    assert router.plan({"ids": (1, 17), "mask": (1, 17)}) is None
+
+
+def test_pad_and_unpad_round_trip():
+    router = text_router()
+    ids = np.arange(15, dtype=np.int64).reshape(3, 5) + 1
+    feeds = {"ids": ids, "mask": np.ones_like(ids)}
+    [chunk] = router.plan({"ids": ids.shape, "mask": ids.shape})
+    padded = router.pad(feeds, chunk)
+    assert padded["ids"].shape == (4, 8)
+    np.testing.assert_array_equal(padded["ids"][:3, :5], ids)
+    assert padded["ids"][3:].sum() == 0 and padded["ids"][:, 5:].sum() == 0 and padded["mask"][:, 5:].sum() == 0
+    outputs = {"hidden": np.random.rand(4, 8, 2), "pooled": np.random.rand(4, 2)}
+    cut = router.unpad(outputs, chunk.rows, router.sizes_by_label({"ids": ids.shape}))
+    assert cut["hidden"].shape == (3, 5, 2) and cut["pooled"].shape == (3, 2)
+    np.testing.assert_array_equal(cut["hidden"], outputs["hidden"][:3, :5])
+
+
+def test_exact_fit_is_not_copied():
+    router = image_router()
+    image = np.ones((2, 3, 8, 8), np.float32)
+    [chunk] = router.plan({"image": image.shape})
+    assert router.pad({"image": image}, chunk)["image"] is image
+
+
+def test_non_batching_model_single_bucket():
+    router = BucketRouter([{"x": (2, 3)}], False, {"x": [None, None]}, {"y": [None, None]})
+    assert router.plan({"x": (2, 3)}) == [Chunk(0, 0, 1)]
+    assert router.plan({"x": (3, 3)}) is None
+
+
+class RowSum(Engine):
+    """A fake static engine: only runs shapes it was 'compiled' for; logits = per-row sum, repeated."""
+
+    def __init__(self, buckets):
+        self.shapes = {b["image"] for b in buckets}
+        self.calls = []
+
+    def run(self, feeds, output_names):
+        shape = feeds["image"].shape
+        assert shape in self.shapes, shape
+        self.calls.append(shape[0])
+        return [feeds["image"].reshape(shape[0], -1).sum(axis=1, keepdims=True).repeat(2, axis=1)]
+
+
+def test_bucket_runner_pads_runs_and_slices_back():
+    engine = RowSum(IMAGE_BUCKETS)
+    runner = BucketRunner("m", image_router(), engine, ["logits"])
+    image = np.random.rand(11, 3, 8, 8).astype(np.float32)
+    out = runner.run({"image": image})["logits"]
+    np.testing.assert_allclose(out[:, 0], image.reshape(11, -1).sum(axis=1), rtol=1e-5)
+    assert engine.calls == [8, 4]
+    assert runner.padded_rows == 1 and runner.rows == 12
+    assert sum(runner.runs_per_bucket.values()) == 2
+
+
+def test_bucket_runner_error_names_shapes_sent_and_compiled():
+    runner = BucketRunner("m", image_router(), RowSum(IMAGE_BUCKETS), ["logits"])
+    with pytest.raises(InvalidRequest) as info:
+        runner.run({"image": np.zeros((1, 3, 12, 12), np.float32)})
+    message = str(info.value)
+    assert "model 'm'" in message and "image:[1, 3, 12, 12]" in message and "image:[8, 3, 8, 8]" in message
+
+
+def test_bucket_runner_falls_back_to_dynamic_engine():
+    class Dynamic(Engine):
+        def run(self, feeds, output_names):
+            return [np.full((feeds["image"].shape[0], 2), 7.0)]
+
+    runner = BucketRunner("m", image_router(), RowSum(IMAGE_BUCKETS), ["logits"], fallback=Dynamic())
+    out = runner.run({"image": np.zeros((1, 3, 12, 12), np.float32)})
+    assert runner.fallback_runs == 1
+    np.testing.assert_array_equal(out["logits"], np.full((1, 2), 7.0))
