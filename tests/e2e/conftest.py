@@ -8,7 +8,7 @@ from pathlib import Path
 import onnx
 import pytest
 
-from gebackend.modelzoo import build_add_mul, build_example_repository
+from gebackend.modelzoo import build_add_mul, build_bert, build_example_repository
 
 from .server import start_server
 
@@ -70,6 +70,7 @@ def repository(tmp_path_factory) -> Path:
     add_model(repo, "add_mul", ADD_MUL_CONFIG, build_add_mul())
     add_model(repo, "broken", 'backend: "ge"\nmax_batch_size: 4\n', b"this is not an onnx file")
     add_model(repo, "contradicts", CONTRADICTS_CONFIG, build_add_mul())
+    add_model(repo, "bert_static_unresolved", 'backend: "ge"\n' + params(static_model="1"), build_bert())
     for twin, (original, config) in TWINS.items():
         add_model(repo, twin, config, onnx.load(str(repo / original / "1" / "model.onnx")))
     return repo

@@ -81,3 +81,13 @@ def test_fallback_runs_unmatched_shapes_dynamically(server, repository):
     ids = np.random.default_rng(6).integers(0, 1000, size=(3, 16), dtype=np.int64)
     feeds = {"input_ids": ids, "attention_mask": np.ones_like(ids)}  # fits the 4x16 bucket
     assert_same(infer(server, "http", "bert_ge_fallback", feeds), reference(repository, "bert_ge", feeds))
+
+
+def test_static_with_unresolved_dims_is_refused_at_load_with_the_fix(server):
+    failed = re.search(r"model 'bert_static_unresolved' failed to load: (.*)", server.output())
+    assert failed, server.output()[-3000:]
+    reason = failed.group(1)
+    assert "input 'input_ids' dim 1 ('sequence') is unresolved" in reason
+    assert "graph.ge.inputShape" in reason
+    _, client = client_for(server, "http")
+    assert client.is_model_ready("bert_ge_static") and not client.is_model_ready("bert_static_unresolved")

@@ -4,7 +4,8 @@ Every compiled shape (bucket) gets its own session over its specialised, folded 
 graphs share are handed to every session as the same OrtValue (`SessionOptions.add_initializer`),
 so an instance holds them once, not once per bucket. Input and output buffers are allocated once per
 shape and bound once (IOBinding): a run copies the feeds in, runs, and copies the outputs out. With
-the CUDA execution provider each session is captured as a CUDA graph on its fixed buffers.
+the CUDA execution provider each session is captured as a CUDA graph on its fixed buffers; with the CANN
+provider its graph mode is switched on.
 """
 
 from __future__ import annotations
@@ -155,8 +156,8 @@ class OrtStaticEngine(Engine):
                     self._shared[init.name] = held
             so.add_initializer(init.name, held[1])
         providers = self._providers
-        if self.device == "cuda" and self._options.enable_cuda_graph:
-            providers = [_with_cuda_graph(p) for p in providers]
+        if self._options.enable_cuda_graph:
+            providers = [_with_graph_capture(p) for p in providers]
         try:
             session = ort.InferenceSession(graph.model.SerializeToString(), sess_options=so, providers=providers)
         except Exception as exc:
@@ -200,8 +201,13 @@ def _provider_name(provider) -> str:
     return provider[0] if isinstance(provider, tuple) else provider
 
 
-def _with_cuda_graph(provider):
-    if _provider_name(provider) != "CUDAExecutionProvider":
+_GRAPH_CAPTURE = {"CUDAExecutionProvider": "enable_cuda_graph", "CANNExecutionProvider": "enable_cann_graph"}
+
+
+def _with_graph_capture(provider):
+    """Ask an accelerator provider to capture the whole static graph once (CUDA graph, CANN graph mode)."""
+    key = _GRAPH_CAPTURE.get(_provider_name(provider))
+    if key is None:
         return provider
     name, opts = (provider if isinstance(provider, tuple) else (provider, {}))
-    return (name, {**opts, "enable_cuda_graph": "1"})
+    return (name, {**opts, key: "1"})
