@@ -31,7 +31,9 @@ from gebackend.config.model_file import REPOSITORY_ENV_VAR
 from gebackend.config.options import ENV_VAR as OPTIONS_ENV_VAR
 from gebackend.errors import GeBackendError
 from gebackend.server.distribution import TritonDistribution, find_triton
+from gebackend.server import registry
 from gebackend.server.layout import lay_out_backends
+from gebackend.server.registry import CONTROL_ENV_VAR
 
 SHM_DIR = Path("/dev/shm")
 
@@ -80,6 +82,7 @@ class TritonServer:
         self.log = log if log is not None else sys.stdout
         self.shm_prefix = f"gebackend{os.getpid()}x{secrets.token_hex(3)}_"
         self.workdir: Path | None = None
+        self.control_dir: Path | None = None
         self.process: subprocess.Popen | None = None
         self.tail: deque[str] = deque(maxlen=60)
         self._reader: threading.Thread | None = None
@@ -113,6 +116,8 @@ class TritonServer:
         env["LD_LIBRARY_PATH"] = os.pathsep.join(libdirs + [p for p in [env.get("LD_LIBRARY_PATH")] if p])
         env[OPTIONS_ENV_VAR] = json.dumps(self.settings.backend_options)
         env[REPOSITORY_ENV_VAR] = str(self.settings.model_repository)
+        if self.control_dir is not None:
+            env[CONTROL_ENV_VAR] = str(self.control_dir)
         env.setdefault("PYTHONUNBUFFERED", "1")
         return env
 
@@ -125,6 +130,9 @@ class TritonServer:
                 raise LaunchError(f"{label} port {port} is already in use; choose another with --{label.lower()}-port")
         self.workdir = Path(tempfile.mkdtemp(prefix="gebackend-"))
         backends = lay_out_backends(self.triton, self.workdir)
+        self.control_dir = self.workdir / "control"
+        self.control_dir.mkdir()
+        registry.register(s.http_port, self.control_dir)
         self.process = subprocess.Popen(
             self.command(backends),
             env=self.environment(),
@@ -210,6 +218,7 @@ class TritonServer:
         for region in self.leftover_shm():
             region.unlink(missing_ok=True)
         if self.workdir is not None:
+            registry.unregister(self.settings.http_port)
             shutil.rmtree(self.workdir, ignore_errors=True)
             self.workdir = None
 
