@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from pathlib import Path
 
 from gebackend.errors import GeBackendError
@@ -17,7 +16,8 @@ CONTROL_ENV_VAR = "GE_CONTROL_DIR"
 
 
 def registry_dir() -> Path:
-    return Path(os.environ.get("GE_RUNTIME_DIR", tempfile.gettempdir())) / "gebackend-servers"
+    base = os.environ.get("GE_RUNTIME_DIR") or os.environ.get("XDG_RUNTIME_DIR") or Path.home() / ".cache"
+    return Path(base) / "gebackend" / "servers"
 
 
 def register(http_port: int, control_dir: Path) -> Path:
