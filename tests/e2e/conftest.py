@@ -70,6 +70,11 @@ def repository(tmp_path_factory) -> Path:
     add_model(repo, "add_mul", ADD_MUL_CONFIG, build_add_mul())
     add_model(repo, "broken", 'backend: "ge"\nmax_batch_size: 4\n', b"this is not an onnx file")
     add_model(repo, "contradicts", CONTRADICTS_CONFIG, build_add_mul())
+    add_model(repo, "bert_profiled", 'backend: "ge"\nmax_batch_size: 4\n' + params(
+        static_model="1", bucket_paddable_dims="sequence", profiling="dynamic", dump_graph="1",
+        profiling_dir=str(repo.parent / "dumps"), **BERT_BUCKETS), build_bert())
+    add_model(repo, "resnet_profiled", 'backend: "ge"\nmax_batch_size: 8\n' + params(profiling="dynamic"),
+              onnx.load(str(repo / "resnet_ge" / "1" / "model.onnx")))
     add_model(repo, "bert_static_unresolved", 'backend: "ge"\n' + params(static_model="1"), build_bert())
     for twin, (original, config) in TWINS.items():
         add_model(repo, twin, config, onnx.load(str(repo / original / "1" / "model.onnx")))

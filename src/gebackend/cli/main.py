@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from gebackend import __version__
-from gebackend.cli import analyze, serve
+from gebackend.cli import analyze, profile, serve
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -15,6 +15,7 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", required=True)
     serve.add_parser(subparsers)
     analyze.add_parser(subparsers)
+    profile.add_parser(subparsers)
     return parser
 
 

@@ -417,6 +417,12 @@ def _walk(model: onnx.ModelProto) -> tuple[int, StaticBreak | None]:
     return static, first
 
 
+def static_node_names(model: onnx.ModelProto) -> list[str]:
+    """Names of the nodes whose every output shape is fully known (after specialisation and folding)."""
+    types = _types(model)
+    return [n.name for n in model.graph.node if all(_known_shape(types.get(o)) is not None for o in n.output if o)]
+
+
 # -------------------------------------------------------------------------------------------- host ops
 
 

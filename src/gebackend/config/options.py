@@ -88,6 +88,9 @@ class BackendOptions:
     bucket_paddable_dims: tuple[str, ...] = ()  # ONNX dim names (e.g. "sequence") a request may be zero-padded along
     fold_size_limit: int = 1 << 20  # bytes: a folded constant larger than this stays unfolded
     enable_cuda_graph: bool = True  # capture static graphs as CUDA graphs when the CUDA provider runs them
+    profiling: str = "off"  # "true": from load until the server stops; "dynamic": `gebackend profile start/stop`
+    profiling_dir: str = "profiling"  # where captures go: <profiling_dir>/<model>/<timestamp>/
+    dump_graph: bool = False  # write every compiled static graph as ONNX under <profiling_dir>/<model>/graphs/
 
 
 # key -> (field name, parser). Aliases map several keys onto one field.
@@ -107,6 +110,10 @@ _KEYS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "bucket_paddable_dims": ("bucket_paddable_dims", _name_list),
     "fold_size_limit": ("fold_size_limit", _non_negative_int),
     "enable_cuda_graph": ("enable_cuda_graph", _bool),
+    "profiling": ("profiling", _choice({"off": "off", "false": "off", "0": "off", "true": "true", "1": "true",
+                                        "on": "true", "dynamic": "dynamic"})),
+    "profiling_dir": ("profiling_dir", str.strip),
+    "dump_graph": ("dump_graph", _bool),
 }
 
 KNOWN_KEYS = frozenset(_KEYS)

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import time
 from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Mapping, Sequence
 
 import numpy as np
@@ -18,6 +22,38 @@ class EngineRunError(GeBackendError):
     """The engine failed while running: an internal error."""
 
 
+@dataclass
+class ProfiledSession:
+    """One engine session's profile: the file the engine wrote and what the report needs to read it."""
+
+    file: Path
+    mode: str  # "static" | "dynamic"
+    graph: str  # e.g. "dynamic" or "static input_ids:4,32 attention_mask:4,32"
+    start_ns: int  # the engine's profiling start, on the time.monotonic_ns() clock
+    node_order: list[str] = field(default_factory=list)
+    static_nodes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return {"file": self.file.name, "mode": self.mode, "graph": self.graph, "start_ns": self.start_ns,
+                "node_order": self.node_order, "static_nodes": self.static_nodes}
+
+
+def monotonic_from_wall_ns(wall_ns: int) -> int:
+    """Convert a time.time_ns() reading (ONNX Runtime's profiling clock) to the time.monotonic_ns() clock."""
+    return wall_ns - time.time_ns() + time.monotonic_ns()
+
+
+def profiled_node_names(profile_file: Path) -> list[str]:
+    """The nodes an ONNX Runtime profile saw run, including those its graph optimizer created."""
+    try:
+        events = json.loads(profile_file.read_text())
+    except (OSError, ValueError):
+        return []
+    names = [e["name"][: -len("_kernel_time")] for e in events
+             if e.get("cat") == "Node" and str(e.get("name", "")).endswith("_kernel_time")]
+    return list(dict.fromkeys(names))
+
+
 class Engine(ABC):
     """Runs one model. Implementations raise `EngineInputError` or `EngineRunError`, nothing else."""
 
@@ -30,6 +66,14 @@ class Engine(ABC):
     def describe(self) -> str:
         """One line for the load log: engine, device, main settings."""
         return self.name
+
+    def start_profiling(self, prefix: Path) -> None:
+        """Profile every run from now on, writing the engine's own profile files under `prefix`."""
+        raise NotImplementedError(f"the {self.name} engine cannot profile")
+
+    def stop_profiling(self) -> list[ProfiledSession]:
+        """Stop profiling; return what was written."""
+        raise NotImplementedError(f"the {self.name} engine cannot profile")
 
     def close(self) -> None:
         """Release the engine's resources."""

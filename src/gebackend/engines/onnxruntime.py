@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from typing import Mapping, Sequence
 
@@ -10,7 +11,7 @@ import onnxruntime as ort
 from onnxruntime.capi import onnxruntime_pybind11_state as ort_state
 
 from gebackend.config.options import BackendOptions
-from gebackend.engines.base import Engine, EngineInputError, EngineRunError
+from gebackend.engines.base import Engine, EngineInputError, EngineRunError, ProfiledSession, monotonic_from_wall_ns
 from gebackend.errors import ModelLoadError
 
 _OPT_LEVELS = {
@@ -41,18 +42,44 @@ class OrtEngine(Engine):
 
     def __init__(self, path: Path, options: BackendOptions, providers: Sequence[str] = ("CPUExecutionProvider",)):
         self._options = options
+        self._path = path
+        self._providers = list(providers)
+        self._lock = threading.Lock()  # a run and a session swap (profiling on/off) never overlap
+        self._plain: ort.InferenceSession | None = None  # the unprofiled session while a profiling one runs
+        self._session = self._new_session()
+
+    def _new_session(self, profile_prefix: Path | None = None) -> ort.InferenceSession:
+        so = session_options(self._options)
+        if profile_prefix is not None:
+            so.enable_profiling = True
+            so.profile_file_prefix = str(profile_prefix)
         try:
-            self._session = ort.InferenceSession(str(path), sess_options=session_options(options), providers=list(providers))
+            return ort.InferenceSession(str(self._path), sess_options=so, providers=self._providers)
         except Exception as exc:
-            raise ModelLoadError(f"ONNX Runtime cannot load {path}: {exc}") from None
+            raise ModelLoadError(f"ONNX Runtime cannot load {self._path}: {exc}") from None
 
     def run(self, feeds: Mapping[str, np.ndarray], output_names: Sequence[str]) -> list[np.ndarray]:
         try:
-            return self._session.run(list(output_names), dict(feeds))
+            with self._lock:
+                return self._session.run(list(output_names), dict(feeds))
         except ort_state.InvalidArgument as exc:
             raise EngineInputError(str(exc)) from None
         except Exception as exc:
             raise EngineRunError(f"{type(exc).__name__}: {exc}") from None
+
+    def start_profiling(self, prefix: Path) -> None:
+        profiled = self._new_session(prefix)  # built before the swap: requests keep running meanwhile
+        with self._lock:
+            if self._plain is None:
+                self._plain, self._session = self._session, profiled
+
+    def stop_profiling(self) -> list[ProfiledSession]:
+        with self._lock:
+            if self._plain is None:
+                return []
+            profiled, self._session, self._plain = self._session, self._plain, None
+        start = monotonic_from_wall_ns(profiled.get_profiling_start_time_ns())
+        return [ProfiledSession(Path(profiled.end_profiling()), "dynamic", "dynamic", start)]
 
     def describe(self) -> str:
         o = self._options

@@ -10,7 +10,9 @@ provider its graph mode is switched on.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Mapping, Sequence
 
 import numpy as np
@@ -19,7 +21,14 @@ import onnxruntime as ort
 from onnx import numpy_helper
 
 from gebackend.config.options import BackendOptions
-from gebackend.engines.base import Engine, EngineInputError, EngineRunError
+from gebackend.engines.base import (
+    Engine,
+    EngineInputError,
+    EngineRunError,
+    ProfiledSession,
+    monotonic_from_wall_ns,
+    profiled_node_names,
+)
 from gebackend.engines.onnxruntime import session_options
 from gebackend.errors import ModelLoadError
 
@@ -131,17 +140,21 @@ class OrtStaticEngine(Engine):
         self._shared: dict[str, tuple[np.ndarray, ort.OrtValue]] = {}
         self._private_bytes = 0
         self._by_shape: dict[tuple, _Bound] = {}
-        self._order: list[str] = []
+        self._graphs = list(graphs)
+        self._lock = threading.Lock()  # a run and a swap of sessions (profiling on/off) never overlap
+        self._plain: dict[tuple, _Bound] | None = None  # the unprofiled sessions while profiling
         for graph in graphs:
             bound = self._build(graph)
-            self._order = [m.name for m in bound.session.get_inputs()]
             self._by_shape[self._key(graph.shapes)] = bound
             for _ in range(warmup_runs + (1 if self.device == "cuda" else 0)):
                 bound.run({n: np.zeros_like(v) if isinstance(v, np.ndarray) else v.numpy() for n, v in bound.inputs.items()},
                           [m.name for m in bound.session.get_outputs()])
 
-    def _build(self, graph: CompiledGraph) -> _Bound:
+    def _build(self, graph: CompiledGraph, profile_prefix: Path | None = None) -> _Bound:
         so = session_options(self._options)
+        if profile_prefix is not None:
+            so.enable_profiling = True
+            so.profile_file_prefix = str(profile_prefix)
         for init in graph.model.graph.initializer:
             if init.ByteSize() < SHARE_MIN_BYTES:
                 continue
@@ -156,7 +169,7 @@ class OrtStaticEngine(Engine):
                     self._shared[init.name] = held
             so.add_initializer(init.name, held[1])
         providers = self._providers
-        if self._options.enable_cuda_graph:
+        if self._options.enable_cuda_graph and profile_prefix is None:
             providers = [_with_graph_capture(p) for p in providers]
         try:
             session = ort.InferenceSession(graph.model.SerializeToString(), sess_options=so, providers=providers)
@@ -169,14 +182,43 @@ class OrtStaticEngine(Engine):
         return tuple(sorted((name, tuple(int(d) for d in shape)) for name, shape in shapes.items()))
 
     def run(self, feeds: Mapping[str, np.ndarray], output_names: Sequence[str]) -> list[np.ndarray]:
-        bound = self._by_shape.get(self._key({n: a.shape for n, a in feeds.items()}))
-        if bound is None:
-            sent = {n: list(a.shape) for n, a in feeds.items()}
-            raise EngineInputError(f"no static graph was compiled for input shapes {sent}")
-        try:
-            return bound.run(feeds, output_names)
-        except Exception as exc:
-            raise EngineRunError(f"{type(exc).__name__}: {exc}") from None
+        with self._lock:
+            bound = self._by_shape.get(self._key({n: a.shape for n, a in feeds.items()}))
+            if bound is None:
+                sent = {n: list(a.shape) for n, a in feeds.items()}
+                raise EngineInputError(f"no static graph was compiled for input shapes {sent}")
+            try:
+                return bound.run(feeds, output_names)
+            except Exception as exc:
+                raise EngineRunError(f"{type(exc).__name__}: {exc}") from None
+
+    def start_profiling(self, prefix: Path) -> None:
+        profiled = {
+            self._key(g.shapes): self._build(g, Path(f"{prefix}-static{i}")) for i, g in enumerate(self._graphs, start=1)
+        }  # built before the swap: requests keep running meanwhile
+        with self._lock:
+            if self._plain is None:
+                self._plain, self._by_shape = self._by_shape, profiled
+
+    def stop_profiling(self) -> list[ProfiledSession]:
+        from gebackend.compile.doctor import static_node_names
+
+        with self._lock:
+            if self._plain is None:
+                return []
+            profiled, self._by_shape, self._plain = self._by_shape, self._plain, None
+        sessions = []
+        for graph in self._graphs:
+            session = profiled[self._key(graph.shapes)].session
+            label = "static " + " ".join(f"{n}:{','.join(map(str, s))}" for n, s in graph.shapes.items())
+            start = monotonic_from_wall_ns(session.get_profiling_start_time_ns())
+            file = Path(session.end_profiling())
+            order = [n.name for n in graph.model.graph.node]
+            static = static_node_names(graph.model)
+            if len(static) == len(order):  # every shape fixed at compile time: so are the nodes ORT fused
+                static = list(dict.fromkeys(static + profiled_node_names(file)))
+            sessions.append(ProfiledSession(file, "static", label, start, node_order=order, static_nodes=static))
+        return sessions
 
     @property
     def shared_weight_bytes(self) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Callable, Sequence
 
 from gebackend.config.spec import ModelSpec
@@ -24,6 +25,8 @@ def load_executor(
     from gebackend.engines.onnxruntime_static import OrtStaticEngine
 
     graphs, report = compile_static(spec.path, spec.static_shapes, spec.options.fold_size_limit, log)
+    if spec.options.dump_graph:
+        _dump(spec, graphs, log)
     for line in report.format_text().splitlines():
         log(f"graph doctor: {line}")
     engine = OrtStaticEngine(graphs, spec.options, providers)
@@ -38,3 +41,15 @@ def load_executor(
     runner = BucketRunner(spec.name, router, engine, output_names, fallback)
     how = f"static graph, buckets [{' | '.join(router.describe())}], fallback={spec.options.bucket_fallback}, {engine.describe()}"
     return Executor(spec, runner), how
+
+
+def _dump(spec: ModelSpec, graphs, log: Callable[[str], None]) -> None:
+    """dump_graph=1: every compiled graph as ONNX, ready for Netron."""
+    import onnx
+
+    folder = Path(spec.options.profiling_dir).resolve() / spec.name / "graphs"
+    folder.mkdir(parents=True, exist_ok=True)
+    for number, graph in enumerate(graphs, start=1):
+        shape = "_".join(f"{n}-{'x'.join(map(str, s))}" for n, s in graph.shapes.items())
+        onnx.save(graph.model, str(folder / f"static{number}_{shape}.onnx"))
+    log(f"dump_graph: wrote {len(graphs)} compiled graph(s) to {folder}")

@@ -38,6 +38,9 @@ class DynamicRunner:
     def run(self, feeds: Tensors) -> dict[str, np.ndarray]:
         return run_engine(self.model, self.engine, feeds, self.output_names)
 
+    def engines(self) -> list[Engine]:
+        return [self.engine]
+
     def close(self) -> None:
         self.engine.close()
 
@@ -86,7 +89,9 @@ class BucketRunner:
             return pieces[0]
         return {name: np.concatenate([p[name] for p in pieces], axis=0) for name in self.output_names}
 
+    def engines(self) -> list[Engine]:
+        return [self.engine] + ([self.fallback] if self.fallback is not None else [])
+
     def close(self) -> None:
-        self.engine.close()
-        if self.fallback is not None:
-            self.fallback.close()
+        for engine in self.engines():
+            engine.close()

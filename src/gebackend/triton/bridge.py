@@ -21,6 +21,8 @@ from gebackend.engines import providers_for
 from gebackend.errors import GeBackendError, InvalidRequest
 from gebackend.runtime.executor import Executor
 from gebackend.runtime.loader import load_executor
+from gebackend.profiling.control import ProfilingControl
+from gebackend.triton.metrics import BackendMetrics
 
 
 def _options(name: str, config: dict) -> ParsedOptions:
@@ -60,10 +62,13 @@ def _named(model: str, message: str) -> str:
 class ServedModel:
     """One loaded instance of a model: its spec and executor, speaking pb_utils at the edges."""
 
-    def __init__(self, spec: ModelSpec, executor: Executor, pb_utils: Any):
+    def __init__(self, spec: ModelSpec, executor: Executor, pb_utils: Any, profiling: ProfilingControl | None = None,
+                 metrics: BackendMetrics | None = None):
         self.spec = spec
         self.executor = executor
         self.pb = pb_utils
+        self.profiling = profiling
+        self.metrics = metrics
 
     @classmethod
     def load(cls, args: dict, pb_utils: Any) -> "ServedModel":
@@ -79,19 +84,34 @@ class ServedModel:
                 log.log_warn(f"gebackend: model '{name}': unknown option(s) ignored: {', '.join(parsed.unknown)}")
             spec = build_model_spec(config, read_signature(path), path, parsed.options)
             providers = providers_for(args.get("model_instance_kind", "CPU"), int(args.get("model_instance_device_id", 0)))
-            executor, how = load_executor(spec, providers, lambda m: log.log_info(f"gebackend: model '{name}': {m}"))
+            say = lambda m: log.log_info(f"gebackend: model '{name}': {m}")  # noqa: E731
+            executor, how = load_executor(spec, providers, say)
         except GeBackendError as exc:
             raise RuntimeError(_named(name, str(exc))) from None
+        seconds = time.perf_counter() - started
         log.log_info(
             f"gebackend: model '{name}' instance '{args['model_instance_name']}' loaded {path.name} in "
-            f"{time.perf_counter() - started:.2f}s: max_batch_size={spec.max_batch_size}, {how}"
+            f"{seconds:.2f}s: max_batch_size={spec.max_batch_size}, {how}"
         )
-        return cls(spec, executor, pb_utils)
+        profiling = None
+        if spec.options.profiling != "off":
+            engines = executor.runner.engines()
+            profiling = ProfilingControl(name, args["model_instance_name"], engines, spec.options.profiling,
+                                         spec.options.profiling_dir, say)
+        metrics = BackendMetrics(pb_utils, name, executor.runner, seconds) if hasattr(pb_utils, "MetricFamily") else None
+        return cls(spec, executor, pb_utils, profiling, metrics)
 
     def execute(self, requests: list) -> list:
         pb = self.pb
+        started = time.monotonic_ns()
         batch = [{t.name(): _to_engine(t.as_numpy()) for t in request.inputs()} for request in requests]
         results = self.executor.execute(batch)
+        if self.profiling is not None and self.profiling.active:
+            rows = sum(next(iter(b.values())).shape[0] if self.spec.batching and b else 1 for b in batch)
+            errors = sum(isinstance(r, BaseException) for r in results)
+            self.profiling.record(started, time.monotonic_ns(), len(requests), rows, errors)
+        if self.metrics is not None:
+            self.metrics.update()
         responses = []
         for request, result in zip(requests, results):
             if isinstance(result, BaseException):
@@ -104,7 +124,22 @@ class ServedModel:
         return responses
 
     def close(self) -> None:
+        if self.profiling is not None:
+            capture = self.profiling.close()
+            if capture is not None:
+                _render_quietly(capture, self.pb.Logger)
         self.executor.close()
+
+
+def _render_quietly(capture: Path, log: Any) -> None:
+    """profiling=true: render the report when the model unloads; a failure here must not fail the unload."""
+    try:
+        from gebackend.profiling.report import render
+
+        render(capture)
+        log.log_info(f"gebackend: profiling report written to {capture}")
+    except Exception as exc:
+        log.log_warn(f"gebackend: could not render the profiling report in {capture}: {exc}")
 
 
 def _to_engine(array: np.ndarray) -> np.ndarray:

@@ -1,0 +1,61 @@
+"""gebackend's own Prometheus metrics on Triton's metrics endpoint (:8002/metrics), through pb_utils.MetricFamily.
+
+- `gebackend_bucket_runs_total{model,bucket}`: engine runs per compiled shape (static graph mode);
+- `gebackend_rows_total{model}` / `gebackend_padded_rows_total{model}`: rows run, and how many of them
+  were padding; `gebackend_padding_waste_ratio{model}` is their ratio;
+- `gebackend_fallback_runs_total{model}`: runs on the dynamic fallback (bucket_fallback=dynamic);
+- `gebackend_compile_seconds{model}`: how long loading and compiling the model took.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class BackendMetrics:
+    def __init__(self, pb_utils: Any, model: str, runner: Any, compile_seconds: float):
+        family = pb_utils.MetricFamily
+        self.runner = runner
+        labels = {"model": model}
+        self._families = [
+            family("gebackend_bucket_runs_total", "Engine runs per compiled shape (bucket)", family.COUNTER),
+            family("gebackend_rows_total", "Rows run by the engine, padding included", family.COUNTER),
+            family("gebackend_padded_rows_total", "Rows of padding added to fill buckets", family.COUNTER),
+            family("gebackend_padding_waste_ratio", "Padded rows / rows run", family.GAUGE),
+            family("gebackend_fallback_runs_total", "Runs on the dynamic fallback engine", family.COUNTER),
+            family("gebackend_compile_seconds", "Seconds spent loading and compiling the model", family.GAUGE),
+        ]
+        runs, rows, padded, waste, fallback, compile_time = self._families
+        router = getattr(runner, "router", None)
+        names = router.describe() if router is not None else []
+        self._bucket = [runs.Metric(labels={**labels, "bucket": name}) for name in names]
+        self._rows, self._padded = rows.Metric(labels=labels), padded.Metric(labels=labels)
+        self._waste, self._fallback = waste.Metric(labels=labels), fallback.Metric(labels=labels)
+        compile_time.Metric(labels=labels).set(compile_seconds)
+        self._seen = self._snapshot()
+
+    def _snapshot(self) -> tuple:
+        r = self.runner
+        if not hasattr(r, "runs_per_bucket"):
+            return ((), 0, 0, 0)
+        return (tuple(r.runs_per_bucket.get(i, 0) for i in range(len(self._bucket))), r.rows, r.padded_rows, r.fallback_runs)
+
+    def update(self) -> None:
+        """Publish what the runner counted since the last update."""
+        now = self._snapshot()
+        if now == self._seen:
+            return
+        runs, rows, padded, fallback = now
+        old_runs, old_rows, old_padded, old_fallback = self._seen
+        for metric, new, old in zip(self._bucket, runs, old_runs or (0,) * len(runs)):
+            if new > old:
+                metric.increment(new - old)
+        if rows > old_rows:
+            self._rows.increment(rows - old_rows)
+        if padded > old_padded:
+            self._padded.increment(padded - old_padded)
+        if fallback > old_fallback:
+            self._fallback.increment(fallback - old_fallback)
+        if rows:
+            self._waste.set(padded / rows)
+        self._seen = now
