@@ -62,6 +62,23 @@ def _choice(mapping: Mapping[str, str]) -> Callable[[str], str]:
     return parse
 
 
+# Our names, and Ascend ge-backend's precision_mode_v2 values that mean the same on these engines.
+_PRECISIONS = {
+    "origin": "origin", "fp32": "origin", "must_keep_origin_dtype": "origin",
+    "fp16": "fp16", "mixed_float16": "fp16", "cube_fp16in_fp32out": "fp16",
+    "bf16": "bf16", "mixed_bf16": "bf16",
+    "int8": "int8",
+}
+
+
+def _first_int(text: str) -> int:
+    """ge-backend's ge.aicoreNum may list several numbers ("8|8", "8,8"): the first one counts."""
+    for part in text.replace("|", ",").split(","):
+        if part.strip():
+            return _non_negative_int(part)
+    raise ValueError("expected a number of cores")
+
+
 _EXECUTION_MODES = {"0": "sequential", "sequential": "sequential", "1": "parallel", "parallel": "parallel"}
 _OPT_LEVELS = {
     "disable": "disable", "disabled": "disable", "none": "disable",
@@ -91,6 +108,10 @@ class BackendOptions:
     profiling: str = "off"  # "true": from load until the server stops; "dynamic": `gebackend profile start/stop`
     profiling_dir: str = "profiling"  # where captures go: <profiling_dir>/<model>/<timestamp>/
     dump_graph: bool = False  # write every compiled static graph as ONNX under <profiling_dir>/<model>/graphs/
+    engine: str = "onnxruntime"  # "onnxruntime" | "openvino" | "auto" (what is installed and fastest here)
+    precision_mode: str = "origin"  # "origin" (exact, as given) | "fp16" | "bf16" | "int8"
+    cores_per_instance: int = 0  # CPU cores each instance is pinned to; 0: the machine's cores divided evenly
+    disabled_optimizers: tuple[str, ...] = ()  # ONNX Runtime graph optimizers to switch off, e.g. SkipLayerNormFusion
 
 
 # key -> (field name, parser). Aliases map several keys onto one field.
@@ -114,6 +135,12 @@ _KEYS: dict[str, tuple[str, Callable[[str], Any]]] = {
                                         "on": "true", "dynamic": "dynamic"})),
     "profiling_dir": ("profiling_dir", str.strip),
     "dump_graph": ("dump_graph", _bool),
+    "engine": ("engine", _choice({"onnxruntime": "onnxruntime", "ort": "onnxruntime", "openvino": "openvino", "auto": "auto"})),
+    "precision_mode": ("precision_mode", _choice(_PRECISIONS)),
+    "session.ge.exec.precision_mode_v2": ("precision_mode", _choice(_PRECISIONS)),
+    "cores_per_instance": ("cores_per_instance", _non_negative_int),
+    "ge.aicoreNum": ("cores_per_instance", _first_int),
+    "disabled_optimizers": ("disabled_optimizers", _name_list),
 }
 
 KNOWN_KEYS = frozenset(_KEYS)

@@ -17,11 +17,35 @@ def providers_for(instance_kind: str = "CPU", device_id: int = 0) -> list:
     return ["CPUExecutionProvider"]
 
 
+def engine_name(requested: str) -> str:
+    """The engine that runs: `auto` picks OpenVINO where it is installed (fastest on x86 CPUs), else ONNX Runtime."""
+    if requested != "auto":
+        return requested
+    import importlib.util
+
+    return "openvino" if importlib.util.find_spec("openvino") is not None else "onnxruntime"
+
+
 def create_engine(spec, providers: Sequence = ("CPUExecutionProvider",)) -> Engine:
     """The dynamic graph engine for a model."""
+    if engine_name(spec.options.engine) == "openvino":
+        from gebackend.engines.openvino import OvEngine
+
+        return OvEngine(spec.path, spec.options)
     from gebackend.engines.onnxruntime import OrtEngine
 
     return OrtEngine(spec.path, spec.options, providers)
 
 
-__all__ = ["Engine", "create_engine", "providers_for"]
+def create_static_engine(spec, graphs: Sequence, providers: Sequence = ("CPUExecutionProvider",)) -> Engine:
+    """The static graph engine for a model: one compiled graph per shape (bucket)."""
+    if engine_name(spec.options.engine) == "openvino":
+        from gebackend.engines.openvino import OvStaticEngine
+
+        return OvStaticEngine(graphs, spec.options)
+    from gebackend.engines.onnxruntime_static import OrtStaticEngine
+
+    return OrtStaticEngine(graphs, spec.options, providers)
+
+
+__all__ = ["Engine", "create_engine", "create_static_engine", "engine_name", "providers_for"]

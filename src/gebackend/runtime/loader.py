@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from gebackend.config.spec import ModelSpec
-from gebackend.engines import create_engine
+from gebackend.engines import create_engine, create_static_engine
 from gebackend.runtime.buckets import BucketRouter
 from gebackend.runtime.executor import Executor
 from gebackend.runtime.runners import BucketRunner, DynamicRunner
@@ -22,14 +22,13 @@ def load_executor(
         return Executor(spec, DynamicRunner(spec.name, engine, output_names)), f"dynamic graph, {engine.describe()}"
 
     from gebackend.compile.pipeline import compile_static
-    from gebackend.engines.onnxruntime_static import OrtStaticEngine
 
     graphs, report = compile_static(spec.path, spec.static_shapes, spec.options.fold_size_limit, log)
     if spec.options.dump_graph:
         _dump(spec, graphs, log)
     for line in report.format_text().splitlines():
         log(f"graph doctor: {line}")
-    engine = OrtStaticEngine(graphs, spec.options, providers)
+    engine = create_static_engine(spec, graphs, providers)
     router = BucketRouter(
         spec.static_shapes,
         spec.batching,
