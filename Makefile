@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 REPO := examples/model_repository
 
-.PHONY: setup models serve test clean
+.PHONY: setup models serve test clean tools
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -22,6 +22,10 @@ serve: setup
 
 test: setup
 	$(PY) -m pytest
+
+# perf_analyzer (from the tritonclient 2.41.0 wheel, unpacked only) into tools/ for `gebackend bench`
+tools: $(STAMP)
+	bash tools/install_perf_analyzer.sh $(PY)
 
 clean:
 	rm -rf $(VENV) $(REPO)/*/[0-9]*/
