@@ -2,7 +2,7 @@
 
     .venv/bin/python examples/client.py [--http localhost:8000] [--grpc localhost:8001] [--repo examples/model_repository]
 
-For every ready model it sends a random request over both protocols and compares the outputs with
+For every ready model of the repository it sends a random request over both protocols and compares the outputs with
 onnxruntime run directly on the same ONNX file.
 """
 
@@ -54,10 +54,10 @@ def main() -> int:
     grpc = grpcclient.InferenceServerClient(args.grpc)
     rng = np.random.default_rng(0)
     failures = 0
-    for entry in http.get_model_repository_index():
-        model = entry["name"]
-        if entry.get("state") != "READY":
-            print(f"{model}: not ready ({entry.get('reason', entry.get('state'))})")
+    models = sorted(p.parent.name for p in args.repo.glob("*/config.pbtxt"))
+    for model in models:
+        if not http.is_model_ready(model):
+            print(f"{model}: not ready")
             continue
         metadata = http.get_model_metadata(model)
         feeds = random_inputs(metadata, rng)
