@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from gebackend import __version__
-from gebackend.cli import analyze, profile, serve
+from gebackend.cli import analyze, bench, profile, serve
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -16,6 +16,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_parser(subparsers)
     analyze.add_parser(subparsers)
     profile.add_parser(subparsers)
+    bench.add_parser(subparsers)
     return parser
 
 

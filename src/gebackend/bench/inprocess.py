@@ -1,0 +1,163 @@
+"""The in-process ceiling: the same engine and config as a served scenario, called directly, no server.
+
+The scenario's config.pbtxt is read as the backend reads it (`build_model_spec` + `load_executor`), one
+executor per instance. `concurrency` client threads each send one request (batch 1, the same input
+perf_analyzer sends), wait for its answer and send the next, as perf_analyzer's concurrency mode does. When the
+config batches, a queue in front of the executors plays Triton's dynamic batcher: each instance's worker
+takes every request waiting (up to max_batch_size) and runs them as one batch, with no queue delay. So the
+ceiling has what the server has except the server: gRPC, Triton's scheduler, and the Python backend's
+shared-memory hop to the stub process.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping
+
+import numpy as np
+
+from gebackend.bench.perf_analyzer import PerfRow
+
+
+@dataclass
+class _Pending:
+    inputs: Mapping[str, np.ndarray]
+    done: threading.Event
+    error: BaseException | None = None
+
+
+def load_spec(model_dir: Path):
+    """The ModelSpec the backend builds for `model_dir` (its config.pbtxt spells out inputs and outputs)."""
+    from gebackend.config.model_file import find_model_file
+    from gebackend.config.onnx_signature import read_signature
+    from gebackend.config.options import model_parameters, parse_options
+    from gebackend.config.pbtxt import load_model_config
+    from gebackend.config.spec import build_model_spec
+
+    config = load_model_config(model_dir / "config.pbtxt")
+    path = find_model_file(model_dir / "1", config.get("default_model_filename", ""))
+    parsed = parse_options(config["name"], {}, model_parameters(config), config)
+    spec = build_model_spec(config, read_signature(path), path, parsed.options)
+    return spec, config
+
+
+class Ceiling:
+    """Executors for one scenario's model, loaded in this process."""
+
+    def __init__(self, model_dir: Path, log=print):
+        from gebackend.runtime.loader import load_executor
+
+        self.spec, self.config = load_spec(model_dir)
+        count = sum(int(g.get("count", 1)) for g in self.config.get("instance_group") or [{"count": 1}])
+        self.executors = []
+        self.how = ""
+        for _ in range(max(1, count)):
+            executor, self.how = load_executor(self.spec, log=lambda m: None)
+            self.executors.append(executor)
+        self.batching = self.spec.batching and "dynamic_batching" in self.config
+        self.max_batch = max(1, self.spec.max_batch_size) if self.batching else 1
+        log(f"bench:   ceiling: {len(self.executors)} executor(s), {self.how}")
+
+    def run_once(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        result = self.executors[0].execute([feeds])[0]
+        if isinstance(result, BaseException):
+            raise result
+        return result
+
+    def measure(self, feeds: Mapping[str, np.ndarray], concurrency: int, seconds: float, warmup: float) -> PerfRow:
+        requests: queue.Queue = queue.Queue()
+        stop = threading.Event()
+        latencies: list[float] = []
+        window = {"start": float("inf"), "end": float("inf")}
+        errors: list[BaseException] = []
+
+        def worker(executor) -> None:
+            while not stop.is_set():
+                try:
+                    first = requests.get(timeout=0.05)
+                except queue.Empty:
+                    continue
+                batch = [first]
+                while len(batch) < self.max_batch:
+                    try:
+                        batch.append(requests.get_nowait())
+                    except queue.Empty:
+                        break
+                try:
+                    results = executor.execute([p.inputs for p in batch])
+                except BaseException as exc:  # noqa: BLE001 - reported below
+                    results = [exc] * len(batch)
+                for pending, result in zip(batch, results):
+                    if isinstance(result, BaseException):
+                        pending.error = result
+                    pending.done.set()
+
+        def client() -> None:
+            while not stop.is_set():
+                pending = _Pending(feeds, threading.Event())
+                sent = time.perf_counter()
+                requests.put(pending)
+                while not pending.done.wait(0.1):
+                    if stop.is_set():
+                        return
+                answered = time.perf_counter()
+                if pending.error is not None:
+                    errors.append(pending.error)
+                    stop.set()
+                    return
+                if window["start"] <= sent and answered <= window["end"]:
+                    latencies.append(answered - sent)
+
+        threads = [threading.Thread(target=worker, args=(e,), daemon=True) for e in self.executors]
+        threads += [threading.Thread(target=client, daemon=True) for _ in range(concurrency)]
+        for t in threads:
+            t.start()
+        time.sleep(warmup)
+        window["start"] = time.perf_counter()
+        window["end"] = window["start"] + seconds
+        time.sleep(seconds)
+        # Requests sent inside the window that are still in flight at its end would bias latency low
+        # if dropped; wait for them (bounded) before stopping.
+        time.sleep(min(1.0, 2 * (float(np.percentile(latencies, 99)) if latencies else 0.5)))
+        stop.set()
+        for t in threads:
+            t.join(timeout=30)
+        if errors:
+            raise RuntimeError(f"in-process run failed: {errors[0]}")
+        lat_us = np.asarray(latencies) * 1e6
+        if lat_us.size == 0:
+            raise RuntimeError("in-process run completed no request in the measurement window")
+        pct = lambda q: float(np.percentile(lat_us, q))  # noqa: E731
+        return PerfRow(concurrency=concurrency, throughput=lat_us.size / seconds, p50_us=pct(50), p90_us=pct(90),
+                       p95_us=pct(95), p99_us=pct(99), avg_us=float(lat_us.mean()))
+
+    def close(self) -> None:
+        for executor in self.executors:
+            executor.close()
+        self.executors = []
+
+
+def accuracy(ceiling: Ceiling, model_path: Path, feeds: Mapping[str, np.ndarray]) -> dict:
+    """Cosine similarity and max-abs-diff of the scenario's outputs to a plain fp32 onnxruntime session."""
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(model_path), providers=["CPUExecutionProvider"])
+    names = [o.name for o in session.get_outputs()]
+    reference = dict(zip(names, session.run(names, dict(feeds))))
+    got = ceiling.executors[0].execute([{k: v[i:i + 1] for k, v in feeds.items()}
+                                        for i in range(next(iter(feeds.values())).shape[0])])
+    worst_cos, worst_diff = 1.0, 0.0
+    for name in names:
+        if any(isinstance(r, BaseException) for r in got):
+            raise next(r for r in got if isinstance(r, BaseException))
+        ours = np.concatenate([r[name] for r in got]).astype(np.float64).ravel()
+        ref = reference[name].astype(np.float64).ravel()
+        denom = np.linalg.norm(ours) * np.linalg.norm(ref)
+        cos = float(ours @ ref / denom) if denom else float(np.array_equal(ours, ref))
+        worst_cos = min(worst_cos, cos)
+        worst_diff = max(worst_diff, float(np.max(np.abs(ours - ref))) if ours.size else 0.0)
+    return {"cosine": worst_cos, "max_abs_diff": worst_diff}

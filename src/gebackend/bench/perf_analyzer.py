@@ -1,0 +1,251 @@
+"""Triton's perf_analyzer: where it is (installed by `make tools`), its command line, and its CSV report.
+
+perf_analyzer comes from the tritonclient 2.41.0 wheel, unpacked into `tools/bin/` by
+`tools/install_perf_analyzer.sh`; it runs with `LD_LIBRARY_PATH=tools/lib` (a libcudart.so.12 link).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import shutil
+import subprocess
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import numpy as np
+
+ENV_VAR = "GE_PERF_ANALYZER"  # an explicit path to the binary
+UNSTABLE = "Failed to obtain stable measurement"
+
+
+class PerfAnalyzerMissing(RuntimeError):
+    pass
+
+
+@dataclass
+class PerfRow:
+    """One concurrency level of a perf_analyzer report; latencies in microseconds."""
+
+    concurrency: int
+    throughput: float  # inferences per second
+    p50_us: float
+    p90_us: float
+    p95_us: float
+    p99_us: float
+    avg_us: float
+    # where the time goes (perf_analyzer's server-side breakdown, microseconds per request)
+    client_send_us: float = 0.0
+    network_us: float = 0.0
+    server_queue_us: float = 0.0
+    server_compute_input_us: float = 0.0
+    server_compute_infer_us: float = 0.0
+    server_compute_output_us: float = 0.0
+    client_recv_us: float = 0.0
+    extra: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+_COLUMNS = {
+    "Concurrency": "concurrency",
+    "Inferences/Second": "throughput",
+    "p50 latency": "p50_us",
+    "p90 latency": "p90_us",
+    "p95 latency": "p95_us",
+    "p99 latency": "p99_us",
+    "Avg latency": "avg_us",
+    "Client Send": "client_send_us",
+    "Network+Server Send/Recv": "network_us",
+    "Server Queue": "server_queue_us",
+    "Server Compute Input": "server_compute_input_us",
+    "Server Compute Infer": "server_compute_infer_us",
+    "Server Compute Output": "server_compute_output_us",
+    "Client Recv": "client_recv_us",
+}
+
+
+def parse_csv(text: str) -> list[PerfRow]:
+    """perf_analyzer's `-f` CSV: one row per concurrency (or request rate), sorted by concurrency.
+
+    Only the first table is read (with `--collect-metrics` perf_analyzer appends others after a blank line).
+    """
+    table = text.strip().split("\n\n")[0] if text.strip() else ""
+    reader = csv.DictReader(io.StringIO(table))
+    rows = []
+    for raw in reader:
+        if not raw.get("Inferences/Second"):
+            continue
+        values: dict = {}
+        extra: dict = {}
+        for key, value in raw.items():
+            if key is None:
+                continue
+            name = _COLUMNS.get(key.strip())
+            if name is None:
+                extra[key.strip()] = value
+                continue
+            values[name] = int(float(value)) if name == "concurrency" else float(value or 0)
+        values.setdefault("concurrency", int(float(raw.get("Request Rate") or 0)))
+        for name in ("p50_us", "p90_us", "p95_us", "p99_us", "avg_us"):
+            values.setdefault(name, float("nan"))
+        rows.append(PerfRow(**values, extra=extra))
+    return sorted(rows, key=lambda r: r.concurrency)
+
+
+def merge_csv(texts: Sequence[str]) -> str:
+    """Several one-level reports (one perf_analyzer run per concurrency) as one CSV with one header."""
+    header, lines = None, []
+    for text in texts:
+        table = text.strip().split("\n\n")[0].splitlines() if text.strip() else []
+        if not table:
+            continue
+        header = header or table[0]
+        lines.extend(table[1:])
+    return "" if header is None else "\n".join([header, *lines]) + "\n"
+
+
+def _project_roots() -> list[Path]:
+    here = Path(__file__).resolve()
+    roots = [Path.cwd(), *Path.cwd().parents, *here.parents]
+    seen, out = set(), []
+    for root in roots:
+        if root not in seen:
+            seen.add(root)
+            out.append(root)
+    return out
+
+
+def find_perf_analyzer() -> Path:
+    """$GE_PERF_ANALYZER, else tools/bin/perf_analyzer of this checkout, else perf_analyzer on PATH."""
+    explicit = os.environ.get(ENV_VAR)
+    if explicit:
+        path = Path(explicit)
+        if not path.is_file():
+            raise PerfAnalyzerMissing(f"{ENV_VAR}={explicit} is not a file")
+        return path
+    for root in _project_roots():
+        candidate = root / "tools" / "bin" / "perf_analyzer"
+        if candidate.is_file():
+            return candidate
+    on_path = shutil.which("perf_analyzer")
+    if on_path:
+        return Path(on_path)
+    raise PerfAnalyzerMissing(
+        "perf_analyzer is not installed: run `make tools` (it unpacks it from the tritonclient 2.41.0 wheel "
+        f"into tools/bin/), or set {ENV_VAR}"
+    )
+
+
+def environment(binary: Path) -> dict[str, str]:
+    """The binary's environment: its tools/lib (libcudart.so.12) first on LD_LIBRARY_PATH."""
+    env = dict(os.environ)
+    lib = binary.resolve().parent.parent / "lib"
+    if lib.is_dir():
+        env["LD_LIBRARY_PATH"] = os.pathsep.join([str(lib), *[p for p in [env.get("LD_LIBRARY_PATH")] if p]])
+    return env
+
+
+@dataclass(frozen=True)
+class PerfSettings:
+    measurement_interval_ms: int = 2000
+    stability_percentage: int = 20  # perf_analyzer's default (10) rarely settles on a shared 2-core machine
+    max_trials: int = 6
+    percentile: int | None = None  # stabilise on this latency percentile instead of the average
+    protocol: str = "grpc"
+    timeout_s: float = 300.0  # for one perf_analyzer run
+
+
+def command(
+    binary: Path,
+    model: str,
+    url: str,
+    concurrency: int,
+    csv_path: Path,
+    settings: PerfSettings,
+    shapes: Mapping[str, Sequence[int]] = {},
+    input_data: Path | None = None,
+    batch_size: int = 1,
+) -> list[str]:
+    cmd = [
+        str(binary), "-m", model, "-u", url, "-i", settings.protocol, "-b", str(batch_size),
+        "--concurrency-range", f"{concurrency}:{concurrency}:1",
+        "--measurement-interval", str(settings.measurement_interval_ms),
+        "-s", str(settings.stability_percentage), "-r", str(settings.max_trials),
+        "-f", str(csv_path),
+    ]
+    if settings.percentile:
+        cmd += ["--percentile", str(settings.percentile)]
+    for name, dims in shapes.items():
+        cmd += ["--shape", f"{name}:{','.join(str(d) for d in dims)}"]
+    if input_data is not None:
+        cmd += ["--input-data", str(input_data)]
+    return cmd
+
+
+def write_input_data(path: Path, feeds: Mapping[str, np.ndarray]) -> Path:
+    """perf_analyzer's --input-data JSON for one request (batch dim dropped): the bench's own valid inputs."""
+    entry = {name: {"content": np.asarray(value)[0].ravel().tolist(), "shape": list(np.asarray(value).shape[1:])}
+             for name, value in feeds.items()}
+    path.write_text(json.dumps({"data": [entry]}))
+    return path
+
+
+@dataclass
+class PerfResult:
+    rows: list[PerfRow]
+    csv_text: str
+    failures: list[str]  # one message per concurrency level that produced no row
+    unstable: list[int] = field(default_factory=list)  # levels measured only with -s 100 (noisy machine)
+
+
+def run(
+    binary: Path,
+    model: str,
+    url: str,
+    concurrencies: Sequence[int],
+    workdir: Path,
+    settings: PerfSettings,
+    shapes: Mapping[str, Sequence[int]] = {},
+    input_data: Path | None = None,
+    log=print,
+) -> PerfResult:
+    """One perf_analyzer run per concurrency level (a level that fails loses only itself)."""
+    texts, failures, unstable = [], [], []
+    for level in concurrencies:
+        csv_path = workdir / f"perf_c{level}.csv"
+        cmd = command(binary, model, url, level, csv_path, settings, shapes, input_data)
+        log("bench:   $ " + " ".join(cmd))
+        try:
+            done = subprocess.run(cmd, env=environment(binary), capture_output=True, text=True,
+                                  timeout=settings.timeout_s)
+        except subprocess.TimeoutExpired:
+            failures.append(f"concurrency {level}: perf_analyzer ran over {settings.timeout_s:.0f}s")
+            continue
+        (workdir / f"perf_c{level}.log").write_text(done.stdout + done.stderr)
+        if done.returncode != 0 and UNSTABLE in done.stdout + done.stderr and settings.stability_percentage < 100:
+            # A shared machine may never give 3 windows within s%: measure once more, accepting any spread,
+            # and say so rather than lose the level.
+            loose = replace(settings, stability_percentage=100, max_trials=3)
+            cmd = command(binary, model, url, level, csv_path, loose, shapes, input_data)
+            log("bench:   unstable; again with -s 100: $ " + " ".join(cmd))
+            try:
+                done = subprocess.run(cmd, env=environment(binary), capture_output=True, text=True,
+                                      timeout=settings.timeout_s)
+            except subprocess.TimeoutExpired:
+                failures.append(f"concurrency {level}: perf_analyzer ran over {settings.timeout_s:.0f}s")
+                continue
+            (workdir / f"perf_c{level}.retry.log").write_text(done.stdout + done.stderr)
+            if done.returncode == 0 and csv_path.is_file():
+                unstable.append(level)
+        if done.returncode != 0 or not csv_path.is_file():
+            tail = (done.stdout + done.stderr).strip().splitlines()[-3:]
+            failures.append(f"concurrency {level}: perf_analyzer exit {done.returncode}: {' | '.join(tail)}")
+            continue
+        texts.append(csv_path.read_text())
+    merged = merge_csv(texts)
+    return PerfResult(parse_csv(merged), merged, failures, unstable)

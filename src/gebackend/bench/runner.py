@@ -1,0 +1,208 @@
+"""Runs a bench: for each model and scenario, generate the repository, serve it, drive perf_analyzer, stop,
+measure the in-process ceiling, and write everything under `<out>/<timestamp>/`.
+
+Layout of a run folder:
+  summary.json, summary.md, throughput_<model>.png, latency_<model>.png
+  <model>_<scenario>.csv            perf_analyzer's CSV (one row per concurrency)
+  repos/<model>/<scenario>/...      the generated model repository (config.pbtxt, 1/model.onnx link)
+  logs/<model>_<scenario>.serve.log the server's output; perf/<model>_<scenario>/ perf_analyzer's own logs
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+import traceback
+from dataclasses import asdict, dataclass, field, replace
+from datetime import datetime
+from pathlib import Path
+from typing import Callable, Sequence
+
+from gebackend.bench import inprocess, perf_analyzer, report, scenarios, server
+from gebackend.bench.models import DEFAULT_CACHE, BenchModel, models as known_models
+
+QUICK_MODELS = ("resnet_small",)
+FULL_MODELS = ("cnclip_image", "cnclip_text", "resnet50")
+QUICK_SCENARIOS = scenarios.LADDER
+FULL_SCENARIOS = (*scenarios.LADDER, "ge_openvino")
+
+
+@dataclass
+class BenchSettings:
+    models: Sequence[str] = FULL_MODELS
+    scenarios: Sequence[str] = FULL_SCENARIOS
+    concurrency: Sequence[int] = (1, 4, 8)
+    headline: int = 4
+    perf: perf_analyzer.PerfSettings = field(default_factory=perf_analyzer.PerfSettings)
+    ceiling: bool = True
+    ceiling_seconds: float = 5.0
+    ceiling_warmup: float = 1.0
+    out: Path = Path("bench/results")
+    cache: Path = DEFAULT_CACHE
+    quick: bool = False
+    startup_timeout: float = 600.0
+
+    @classmethod
+    def quick_preset(cls, **overrides) -> "BenchSettings":
+        base = cls(models=QUICK_MODELS, scenarios=QUICK_SCENARIOS, concurrency=(1, 4), headline=4,
+                   perf=perf_analyzer.PerfSettings(measurement_interval_ms=1000, stability_percentage=40, max_trials=4,
+                                                   timeout_s=120),
+                   ceiling_seconds=2.0, ceiling_warmup=0.5, quick=True)
+        return replace(base, **{k: v for k, v in overrides.items() if v is not None})
+
+
+def machine() -> str:
+    cpu = platform.processor() or "?"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{cpu}, {os.cpu_count()} logical CPUs, {platform.system()} {platform.release()}, Python {platform.python_version()}"
+
+
+def _loadavg() -> list[float]:
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return []
+
+
+class Bench:
+    def __init__(self, settings: BenchSettings, log: Callable[[str], None] = print):
+        self.settings = settings
+        self.log = log
+        self.started = datetime.now()
+        self.dir = Path(settings.out) / self.started.strftime("%Y%m%d-%H%M%S")
+        self.summary: dict = {"meta": {}, "models": []}
+        self.binary: Path | None = None
+
+    def run(self) -> Path:
+        s = self.settings
+        self.binary = perf_analyzer.find_perf_analyzer()
+        self.dir.mkdir(parents=True, exist_ok=True)
+        (self.dir / "logs").mkdir(exist_ok=True)
+        t0 = time.monotonic()
+        self.summary["meta"] = {
+            "started": self.started.isoformat(timespec="seconds"), "machine": machine(), "quick": s.quick,
+            "concurrency": list(s.concurrency), "headline_concurrency": s.headline,
+            "perf_settings": f"-i {s.perf.protocol} -p {s.perf.measurement_interval_ms} -s {s.perf.stability_percentage} -r {s.perf.max_trials}",
+            "perf_analyzer": str(self.binary), "ceiling_seconds": s.ceiling_seconds if s.ceiling else None,
+            "loadavg_start": _loadavg(),
+        }
+        self.log(f"bench: writing to {self.dir}")
+        catalogue = known_models(s.cache)
+        chosen = scenarios.select(s.scenarios)
+        for name in s.models:
+            if name not in catalogue:
+                raise ValueError(f"unknown model {name!r}; known: {', '.join(catalogue)}")
+            self._run_model(catalogue[name], chosen)
+        self.summary["meta"]["duration_s"] = time.monotonic() - t0
+        self.summary["meta"]["loadavg_end"] = _loadavg()
+        self._save()
+        report.plot(self.summary, self.dir, s.headline)
+        self.log(f"bench: done in {self.summary['meta']['duration_s']:.0f}s: {self.dir / 'summary.md'}")
+        return self.dir
+
+    def _save(self) -> None:
+        (self.dir / "summary.json").write_text(json.dumps(self.summary, indent=1, default=str))
+        (self.dir / "summary.md").write_text(report.markdown(self.summary, self.settings.headline))
+
+    def _run_model(self, model: BenchModel, chosen: Sequence[scenarios.Scenario]) -> None:
+        s = self.settings
+        entry = {"name": model.name, "description": model.description, "scenarios": []}
+        self.summary["models"].append(entry)
+        try:
+            path = model.ensure(s.cache, self.log)
+        except Exception as exc:  # noqa: BLE001 - reported as the model's rows
+            reason = f"export failed: {type(exc).__name__}: {exc}"
+            self.log(f"bench: {model.name}: {reason}")
+            entry["scenarios"] = [{"name": sc.name, "title": sc.title, "status": "failed", "reason": reason,
+                                   "rows": [], "ceiling": []} for sc in chosen]
+            self._save()
+            return
+        entry["path"] = str(path)
+        entry["size_mb"] = round(path.stat().st_size / 2**20, 1)
+        feeds = model.sample_inputs(1, seed=0)
+        input_data = perf_analyzer.write_input_data(self.dir / f"inputs_{model.name}.json", feeds)
+        for scenario in chosen:
+            result = self._run_scenario(model, path, scenario, input_data, feeds)
+            entry["scenarios"].append(result)
+            self._save()
+
+    def _run_scenario(self, model: BenchModel, path: Path, scenario: scenarios.Scenario, input_data: Path, feeds) -> dict:
+        s = self.settings
+        scenario, missing = scenarios.availability(scenario)
+        result = {"name": scenario.name, "title": scenario.title, "status": "ok", "reason": "", "notes": scenario.notes,
+                  "scenario": asdict(scenario), "rows": [], "ceiling": [], "accuracy": None,
+                  "loadavg": _loadavg()}
+        tag = f"{model.name}_{scenario.name}"
+        if missing:
+            result.update(status="not available", reason=missing.removeprefix("not available: "))
+            self.log(f"bench: {tag}: {missing}")
+            return result
+        repo = scenarios.write_repository(self.dir / "repos" / model.name / scenario.name, model, scenario, path)
+        result["config"] = (repo / model.name / "config.pbtxt").read_text()
+        started = time.monotonic()
+        self.log(f"bench: {tag}: serving ({scenario.title})")
+        try:
+            srv = server.start(repo, self.dir / "logs" / f"{tag}.serve.log", timeout=s.startup_timeout)
+        except server.ServeError as exc:
+            result.update(status="failed", reason=str(exc).splitlines()[0] + " (see logs)")
+            self.log(f"bench: {tag}: {exc}")
+            return result
+        try:
+            result["startup_s"] = round(time.monotonic() - started, 1)
+            failed = srv.failures().get(model.name)
+            if failed:
+                result.update(status="failed", reason=f"model failed to load: {failed}")
+                self.log(f"bench: {tag}: {result['reason']}")
+                return result
+            work = self.dir / "perf" / tag
+            work.mkdir(parents=True, exist_ok=True)
+            perf = perf_analyzer.run(self.binary, model.name, srv.grpc_url, s.concurrency, work, s.perf,
+                                     input_data=input_data, log=self.log)
+        finally:
+            srv.stop()
+        (self.dir / f"{tag}.csv").write_text(perf.csv_text)
+        result["rows"] = [r.to_dict() for r in perf.rows]
+        if perf.unstable:
+            result["unstable"] = perf.unstable
+            result["notes"] = "; ".join(filter(None, [result["notes"], "unstable (measured with -s 100) at c="
+                                                      + ",".join(map(str, perf.unstable))]))
+        if perf.failures:
+            result["notes"] = "; ".join(filter(None, [result["notes"], *perf.failures]))
+        if not perf.rows:
+            result.update(status="failed", reason="perf_analyzer measured nothing: " + "; ".join(perf.failures))
+        for row in perf.rows:
+            self.log(f"bench: {tag}: c={row.concurrency} {row.throughput:.1f} infer/s p50 {row.p50_us / 1000:.2f} ms "
+                     f"p99 {row.p99_us / 1000:.2f} ms")
+        if scenario.is_ge and s.ceiling and result["status"] == "ok":
+            self._ceiling(result, repo / model.name, path, feeds, model, tag)
+        return result
+
+    def _ceiling(self, result: dict, model_dir: Path, path: Path, feeds, model: BenchModel, tag: str) -> None:
+        s = self.settings
+        try:
+            ceiling = inprocess.Ceiling(model_dir, self.log)
+        except Exception as exc:  # noqa: BLE001
+            result["notes"] = "; ".join(filter(None, [result["notes"], f"ceiling not measured: {exc}"]))
+            return
+        try:
+            try:
+                result["accuracy"] = inprocess.accuracy(ceiling, path, model.sample_inputs(4, seed=1))
+            except Exception as exc:  # noqa: BLE001
+                result["notes"] = "; ".join(filter(None, [result["notes"], f"accuracy not checked: {exc}"]))
+            for level in s.concurrency:
+                row = ceiling.measure(feeds, level, s.ceiling_seconds, s.ceiling_warmup)
+                result["ceiling"].append(row.to_dict())
+                self.log(f"bench: {tag}: in-process c={level} {row.throughput:.1f} infer/s p50 {row.p50_us / 1000:.2f} ms")
+        except Exception as exc:  # noqa: BLE001
+            self.log(traceback.format_exc())
+            result["notes"] = "; ".join(filter(None, [result["notes"], f"ceiling failed: {exc}"]))
+        finally:
+            ceiling.close()

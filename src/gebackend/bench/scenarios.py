@@ -1,0 +1,243 @@
+"""The scenarios `gebackend bench` measures: each one a generated Triton model repository (config.pbtxt + files).
+
+The ladder, each rung adding one thing to the one before:
+  naive          a plain Triton Python-backend model wrapping a default onnxruntime session (naive_model.py)
+  ge_dynamic     backend "ge", dynamic graph, the defaults (dynamic batching switched on, no queue delay)
+  ge_static      + static_model=1 with batch buckets (graph.ge.inputShape / graph.ge.dynamicDims)
+  ge_batching    + dynamic_batching with preferred_batch_size aligned with the buckets and a small queue delay
+  ge_pinned      + 2 instances, each pinned to its own cores (cores_per_instance) with 1 engine thread
+  ge_bf16        + engine=openvino, precision_mode=bf16
+  ge_int8        + precision_mode=int8 (ONNX Runtime dynamic quantization)
+Side scenarios: ge_openvino (ge_batching on the OpenVINO engine, fp32) and ge_delay_2ms (ge_dynamic with a
+2 ms max_queue_delay: the low-concurrency batching-delay trap of docs/tuning.md).
+
+A scenario that needs a feature this installation lacks is reported as "not available" instead of failing.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Sequence
+
+from gebackend.bench.models import BenchModel
+from gebackend.config import dtypes
+from gebackend.config.onnx_signature import Signature, read_signature
+
+BUCKETS = (1, 2, 4, 8)
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    title: str
+    backend: str = "ge"  # "ge" or "python" (the naive baseline)
+    static: bool = False
+    buckets: tuple[int, ...] = ()
+    dynamic_batching: bool = True  # ge: Triton's dynamic batcher (the backend switches it on by default too)
+    preferred_batch_sizes: tuple[int, ...] = ()
+    max_queue_delay_us: int = 0
+    instances: int = 1
+    cores_per_instance: int = 0
+    intra_op_threads: int = 0
+    engine: str = "onnxruntime"
+    precision: str = "origin"
+    requires: tuple[str, ...] = ()  # features: "openvino", "precision", "int8", "pinning"
+    notes: str = ""
+
+    @property
+    def is_ge(self) -> bool:
+        return self.backend != "python"
+
+
+def _ladder() -> list[Scenario]:
+    naive = Scenario("naive", "naive Python backend (default onnxruntime session)", backend="python",
+                     dynamic_batching=False)
+    dynamic = Scenario("ge_dynamic", "ge dynamic graph (defaults)")
+    static = replace(dynamic, name="ge_static", title="ge static graph, buckets 1/2/4/8", static=True, buckets=BUCKETS)
+    batching = replace(static, name="ge_batching", title="+ dynamic batching (preferred 2/4/8, 100 us delay)",
+                       preferred_batch_sizes=(2, 4, 8), max_queue_delay_us=100)
+    pinned = replace(batching, name="ge_pinned", title="+ 2 pinned instances x 1 core", instances=2,
+                     cores_per_instance=1, intra_op_threads=1, requires=("pinning",))
+    bf16 = replace(pinned, name="ge_bf16", title="+ OpenVINO bf16", engine="openvino", precision="bf16",
+                   requires=("pinning", "openvino", "precision"))
+    int8 = replace(pinned, name="ge_int8", title="+ int8 (onnxruntime dynamic quantization)", precision="int8",
+                   requires=("pinning", "precision", "int8"))
+    openvino = replace(batching, name="ge_openvino", title="ge_batching on OpenVINO (fp32)", engine="openvino",
+                       requires=("openvino",))
+    delay = replace(dynamic, name="ge_delay_2ms", title="ge dynamic + 2 ms max_queue_delay (no preferred sizes)",
+                    max_queue_delay_us=2000)
+    return [naive, dynamic, static, batching, pinned, bf16, int8, openvino, delay]
+
+
+SCENARIOS: dict[str, Scenario] = {s.name: s for s in _ladder()}
+LADDER = ("naive", "ge_dynamic", "ge_static", "ge_batching", "ge_pinned", "ge_bf16", "ge_int8")
+
+
+# ----------------------------------------------------------------------------------------- features
+def _package_root() -> Path:
+    return Path(__file__).resolve().parent.parent
+
+
+def _source_mentions(text: str, folders: Sequence[str] = ("engines", "compile", "runtime")) -> bool:
+    for folder in folders:
+        for path in (_package_root() / folder).glob("*.py"):
+            try:
+                if text in path.read_text(errors="replace"):
+                    return True
+            except OSError:
+                continue
+    return False
+
+
+def feature_missing(feature: str) -> str | None:
+    """Why `feature` is not available here, or None when it is."""
+    if feature == "openvino":
+        if importlib.util.find_spec("openvino") is None:
+            return "the openvino package is not installed"
+        if importlib.util.find_spec("gebackend.engines.openvino") is None:
+            return "gebackend has no OpenVINO engine yet (gebackend/engines/openvino.py)"
+        return None
+    if feature == "precision":
+        if not _source_mentions("precision_mode"):
+            return "no engine reads precision_mode yet (the option parses, but nothing lowers precision)"
+        return None
+    if feature == "int8":
+        if importlib.util.find_spec("onnxruntime.quantization") is None:
+            return "onnxruntime.quantization is not installed"
+        if not _source_mentions("quantiz"):
+            return "gebackend does not quantize to int8 yet"
+        return None
+    if feature == "pinning":
+        if importlib.util.find_spec("gebackend.runtime.pinning") is None:
+            return "gebackend.runtime.pinning is not there yet"
+        return None
+    return f"unknown feature {feature!r}"
+
+
+def availability(scenario: Scenario) -> tuple[Scenario, str | None]:
+    """The scenario to run (pinning falls back to unpinned instances) and why it cannot run, if it cannot."""
+    for feature in scenario.requires:
+        reason = feature_missing(feature)
+        if reason is None:
+            continue
+        if feature == "pinning":
+            # Two instances without pinning still measure something real; say so in the title.
+            scenario = replace(scenario, cores_per_instance=0,
+                               title=scenario.title.replace("pinned instances", "instances (NOT pinned)"),
+                               notes=f"not pinned: {reason}")
+            continue
+        return scenario, f"not available: {reason}"
+    return scenario, None
+
+
+# ------------------------------------------------------------------------------------------- configs
+def _triton_type(numpy_dtype: str) -> str:
+    import numpy as np
+    from onnx import helper
+
+    return dtypes.from_onnx(helper.np_dtype_to_tensor_dtype(np.dtype(numpy_dtype))).triton
+
+
+def _dims_text(dims: Sequence[int]) -> str:
+    return "[ " + ", ".join(str(d) for d in dims) + " ]"
+
+
+def _output_dims(signature: Signature) -> list[tuple[str, str, list[int]]]:
+    out = []
+    for t in signature.outputs:
+        dims = [d if isinstance(d, int) else -1 for d in t.shape[1:]]
+        out.append((t.name, t.dtype.triton, dims))
+    return out
+
+
+def bucket_parameters(model: BenchModel, buckets: Sequence[int]) -> dict[str, str]:
+    """ge-backend's shape buckets over the batch dim: graph.ge.inputShape and graph.ge.dynamicDims."""
+    shape = ";".join(f"{i.name}:-1,{','.join(str(d) for d in i.dims)}" for i in model.inputs)
+    dims = ";".join(",".join([str(b)] * len(model.inputs)) for b in buckets)
+    return {"graph.ge.inputShape": shape, "graph.ge.dynamicDims": dims}
+
+
+def parameters(model: BenchModel, scenario: Scenario) -> dict[str, str]:
+    if not scenario.is_ge:
+        return {}
+    params: dict[str, str] = {}
+    if scenario.static:
+        params["static_model"] = "1"
+        if scenario.buckets:
+            params.update(bucket_parameters(model, scenario.buckets))
+    if scenario.intra_op_threads:
+        params["intra_op_thread_count"] = str(scenario.intra_op_threads)
+    if scenario.cores_per_instance:
+        params["cores_per_instance"] = str(scenario.cores_per_instance)
+    if scenario.engine != "onnxruntime":
+        params["engine"] = scenario.engine
+    if scenario.precision != "origin":
+        params["precision_mode"] = scenario.precision
+    return params
+
+
+def config_text(model: BenchModel, scenario: Scenario, signature: Signature) -> str:
+    """config.pbtxt for `model` served as `scenario` (inputs and outputs spelled out)."""
+    lines = [
+        f"# generated by gebackend bench: scenario {scenario.name} ({scenario.title})",
+        f'name: "{model.name}"',
+        f'backend: "{scenario.backend}"',
+        f"max_batch_size: {model.max_batch_size}",
+        "input [",
+    ]
+    entries = [f'  {{ name: "{i.name}", data_type: {_triton_type(i.dtype)}, dims: {_dims_text(i.dims)} }}'
+               for i in model.inputs]
+    lines.append(",\n".join(entries))
+    lines.append("]")
+    lines.append("output [")
+    lines.append(",\n".join(f'  {{ name: "{n}", data_type: {t}, dims: {_dims_text(d)} }}' for n, t, d in _output_dims(signature)))
+    lines.append("]")
+    lines.append(f"instance_group [ {{ kind: KIND_CPU, count: {scenario.instances} }} ]")
+    if scenario.dynamic_batching and scenario.is_ge:
+        body = []
+        if scenario.preferred_batch_sizes:
+            body.append(f"  preferred_batch_size: [ {', '.join(str(b) for b in scenario.preferred_batch_sizes)} ]")
+        body.append(f"  max_queue_delay_microseconds: {scenario.max_queue_delay_us}")
+        lines += ["dynamic_batching {", *body, "}"]
+    for key, value in parameters(model, scenario).items():
+        lines.append(f'parameters {{ key: "{key}" value: {{ string_value: "{value}" }} }}')
+    return "\n".join(lines) + "\n"
+
+
+def _link(source: Path, target: Path) -> None:
+    if target.exists() or target.is_symlink():
+        target.unlink()
+    try:
+        os.symlink(source.resolve(), target)
+    except OSError:
+        shutil.copy2(source, target)
+
+
+def write_repository(root: Path, model: BenchModel, scenario: Scenario, onnx_path: Path) -> Path:
+    """`root/<model>/config.pbtxt` and `root/<model>/1/model.onnx` (a link to the cache); returns `root`."""
+    model_dir = root / model.name
+    version = model_dir / "1"
+    version.mkdir(parents=True, exist_ok=True)
+    _link(onnx_path, version / "model.onnx")
+    data = onnx_path.with_name(onnx_path.name + ".data")
+    if data.is_file():
+        _link(data, version / data.name)
+    if scenario.backend == "python":
+        shutil.copyfile(Path(__file__).with_name("naive_model.py"), version / "model.py")
+    (model_dir / "config.pbtxt").write_text(config_text(model, scenario, read_signature(onnx_path)))
+    return root
+
+
+def select(names: Sequence[str]) -> list[Scenario]:
+    unknown = [n for n in names if n not in SCENARIOS]
+    if unknown:
+        raise ValueError(f"unknown scenario(s) {', '.join(unknown)}; known: {', '.join(SCENARIOS)}")
+    return [SCENARIOS[n] for n in names]
+
+
+__all__ = ["BUCKETS", "LADDER", "SCENARIOS", "Scenario", "availability", "config_text", "feature_missing",
+           "parameters", "select", "write_repository"]

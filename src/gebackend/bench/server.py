@@ -1,0 +1,92 @@
+"""Runs `gebackend serve` (the real CLI and tritonserver) on free ports for one scenario, and stops it."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+GEBACKEND = [sys.executable, "-m", "gebackend.cli.main"]
+_FAILED = re.compile(r"gebackend: model '([^']+)' failed to load: (.*)")
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class ServeError(RuntimeError):
+    pass
+
+
+@dataclass
+class BenchServer:
+    process: subprocess.Popen
+    log_path: Path
+    http_port: int
+    grpc_port: int
+    metrics_port: int
+    started: float
+
+    @property
+    def grpc_url(self) -> str:
+        return f"localhost:{self.grpc_port}"
+
+    @property
+    def http_url(self) -> str:
+        return f"localhost:{self.http_port}"
+
+    def output(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def failures(self) -> dict[str, str]:
+        """Models the server reported as failed to load, and why."""
+        return {m.group(1): m.group(2).strip() for m in _FAILED.finditer(self.output())}
+
+    def stop(self, timeout: float = 90) -> int | None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        try:
+            return self.process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()  # the CLI's own child dies with it (parent-death signal)
+            return self.process.wait(timeout=30)
+
+
+def start(repo: Path, log_path: Path, cli_args: Sequence[str] = (), timeout: float = 600) -> BenchServer:
+    """Start `gebackend serve REPO` and wait for "gebackend: ready" (raises ServeError with the log tail)."""
+    ports = [free_port() for _ in range(3)]
+    cmd = GEBACKEND + [
+        "serve", str(repo),
+        "--http-port", str(ports[0]), "--grpc-port", str(ports[1]), "--metrics-port", str(ports[2]),
+        "--startup-timeout", str(int(timeout)), *cli_args,
+    ]
+    log = open(log_path, "w")
+    process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                               env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    log.close()
+    server = BenchServer(process, log_path, *ports, started=time.monotonic())
+    deadline = time.monotonic() + timeout + 30
+    while time.monotonic() < deadline:
+        if "gebackend: ready" in server.output():
+            return server
+        if process.poll() is not None:
+            raise ServeError(f"gebackend serve exited with {process.returncode}:\n{_tail(server.output())}")
+        time.sleep(0.25)
+    server.stop()
+    raise ServeError(f"gebackend serve not ready after {timeout:.0f}s:\n{_tail(server.output())}")
+
+
+def _tail(text: str, lines: int = 15) -> str:
+    return "\n".join(text.strip().splitlines()[-lines:])

@@ -1,0 +1,80 @@
+"""`gebackend bench`: measure the throughput ladder with the real perf_analyzer (the work is in gebackend.bench)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of integers") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected integers >= 1")
+    return values
+
+
+def _names(text: str) -> tuple[str, ...]:
+    return tuple(v.strip() for v in text.split(",") if v.strip())
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser(
+        "bench",
+        help="benchmark scenarios (naive .. tuned ge) on a real server with perf_analyzer",
+        description="Serve each scenario's generated Triton config with `gebackend serve`, drive it with "
+        "perf_analyzer (installed by `make tools`), measure the in-process ceiling, and write CSVs, "
+        "summary.json, summary.md and PNG plots under OUT/<timestamp>/.",
+    )
+    p.add_argument("--quick", action="store_true",
+                   help="small model, ladder scenarios, concurrency 1,4, 1 s windows: a few minutes on 2 cores")
+    p.add_argument("--models", type=_names, help="comma-separated (see --list); default: CN_CLIP image, text, ResNet-50")
+    p.add_argument("--scenarios", type=_names, help="comma-separated (see --list); default: the whole ladder")
+    p.add_argument("--concurrency", type=_ints, help="comma-separated levels (default 1,4,8; quick 1,4)")
+    p.add_argument("--headline", type=int, help="the concurrency the summary table reports (default 4)")
+    p.add_argument("--interval-ms", type=int, help="perf_analyzer --measurement-interval (default 2000; quick 1000)")
+    p.add_argument("--stability", type=int, help="perf_analyzer -s, percent (default 20; quick 40)")
+    p.add_argument("--max-trials", type=int, help="perf_analyzer -r (default 6; quick 4)")
+    p.add_argument("--protocol", choices=("grpc", "http"), help="perf_analyzer -i (default grpc)")
+    p.add_argument("--no-ceiling", action="store_true", help="skip the in-process ceiling")
+    p.add_argument("--ceiling-seconds", type=float, help="in-process measurement per level (default 5; quick 2)")
+    p.add_argument("--out", type=Path, default=Path("bench/results"), help="results go to OUT/<timestamp>/")
+    p.add_argument("--cache", type=Path, default=Path("bench/models"), help="exported models are kept here")
+    p.add_argument("--list", action="store_true", help="list models and scenarios (and what is not available) and exit")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace, extra: list[str]) -> int:
+    from dataclasses import replace
+
+    from gebackend.bench import perf_analyzer, scenarios
+    from gebackend.bench.models import models
+    from gebackend.bench.runner import Bench, BenchSettings
+
+    if args.list:
+        for model in models(args.cache).values():
+            print(f"model    {model.name:14s} {model.description}{' [full size]' if model.full_size else ''}")
+        for scenario in scenarios.SCENARIOS.values():
+            _, missing = scenarios.availability(scenario)
+            print(f"scenario {scenario.name:14s} {scenario.title}{'  -- ' + missing if missing else ''}")
+        return 0
+    base = BenchSettings.quick_preset() if args.quick else BenchSettings()
+    perf = replace(
+        base.perf,
+        **{k: v for k, v in dict(measurement_interval_ms=args.interval_ms, stability_percentage=args.stability,
+                                 max_trials=args.max_trials, protocol=args.protocol).items() if v is not None},
+    )
+    overrides = dict(models=args.models, scenarios=args.scenarios, concurrency=args.concurrency, headline=args.headline,
+                     ceiling_seconds=args.ceiling_seconds)
+    settings = replace(base, perf=perf, out=args.out, cache=args.cache, ceiling=not args.no_ceiling,
+                       **{k: v for k, v in overrides.items() if v is not None})
+    try:
+        out = Bench(settings).run()
+    except (perf_analyzer.PerfAnalyzerMissing, ValueError) as exc:
+        print(f"gebackend bench: {exc}", file=sys.stderr)
+        return 2
+    print((out / "summary.md").read_text())
+    return 0
