@@ -1,0 +1,185 @@
+"""The pure parts of `gebackend bench`: perf_analyzer CSV parsing, summary ratios, scenario configs.
+
+Nothing here runs perf_analyzer, a server or a timing measurement.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gebackend.bench import perf_analyzer, report, scenarios
+from gebackend.bench.models import models
+from gebackend.config.onnx_signature import read_signature
+from gebackend.config.pbtxt import load_model_config
+
+# What perf_analyzer 2.41 writes with -f (microseconds), one level per run.
+CSV_C1 = """Concurrency,Inferences/Second,Client Send,Network+Server Send/Recv,Server Queue,Server Compute Input,Server Compute Infer,Server Compute Output,Client Recv,p50 latency,p90 latency,p95 latency,p99 latency,Avg latency,request/response,response wait
+1,1558.1,12,180,21,45,300,15,4,560,780,900,1990,640,0,0
+"""
+CSV_C4 = """Concurrency,Inferences/Second,Client Send,Network+Server Send/Recv,Server Queue,Server Compute Input,Server Compute Infer,Server Compute Output,Client Recv,p50 latency,p90 latency,p95 latency,p99 latency,Avg latency,request/response,response wait
+4,3224.7,14,400,280,50,400,20,5,1020,1720,2500,6240,1200,0,0
+"""
+
+
+def test_parse_csv_reads_throughput_and_percentiles_in_microseconds():
+    (row,) = perf_analyzer.parse_csv(CSV_C1)
+    assert row.concurrency == 1
+    assert row.throughput == pytest.approx(1558.1)
+    assert (row.p50_us, row.p90_us, row.p95_us, row.p99_us, row.avg_us) == (560, 780, 900, 1990, 640)
+    assert row.server_queue_us == 21 and row.server_compute_infer_us == 300
+    assert row.extra["request/response"] == "0"
+
+
+def test_parse_csv_ignores_metrics_tables_and_sorts_by_concurrency():
+    text = CSV_C4 + "\nServer Metrics\nsomething,else\n1,2\n"
+    merged = perf_analyzer.merge_csv([text, CSV_C1])
+    assert merged.count("Concurrency,") == 1
+    rows = perf_analyzer.parse_csv(merged)
+    assert [r.concurrency for r in rows] == [1, 4]
+    assert perf_analyzer.parse_csv("") == []
+
+
+def test_command_line_has_the_model_url_and_levels(tmp_path):
+    settings = perf_analyzer.PerfSettings(measurement_interval_ms=1500, stability_percentage=25, max_trials=5)
+    cmd = perf_analyzer.command(Path("/x/perf_analyzer"), "m", "localhost:9", 4, tmp_path / "o.csv", settings,
+                                shapes={"ids": (16,)}, input_data=tmp_path / "in.json")
+    text = " ".join(cmd)
+    for part in ("-m m", "-u localhost:9", "-i grpc", "--concurrency-range 4:4:1", "--measurement-interval 1500",
+                 "-s 25", "-r 5", "--shape ids:16", f"--input-data {tmp_path / 'in.json'}"):
+        assert part in text
+
+
+def test_input_data_json_drops_the_batch_dim(tmp_path):
+    feeds = {"x": np.arange(8, dtype=np.float32).reshape(1, 2, 4)}
+    data = json.loads(perf_analyzer.write_input_data(tmp_path / "in.json", feeds).read_text())
+    assert data["data"][0]["x"]["shape"] == [2, 4]
+    assert data["data"][0]["x"]["content"] == list(range(8))
+
+
+def test_environment_puts_tools_lib_first(tmp_path, monkeypatch):
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "lib").mkdir()
+    binary = tmp_path / "bin" / "perf_analyzer"
+    binary.write_text("")
+    monkeypatch.setenv("LD_LIBRARY_PATH", "/other")
+    assert perf_analyzer.environment(binary)["LD_LIBRARY_PATH"] == f"{tmp_path / 'lib'}:/other"
+
+
+def _row(c, thr, p50=1000.0, p99=2000.0):
+    return {"concurrency": c, "throughput": thr, "p50_us": p50, "p90_us": p50, "p95_us": p99, "p99_us": p99, "avg_us": p50}
+
+
+def _model():
+    return {"name": "m", "description": "d", "scenarios": [
+        {"name": "naive", "title": "n", "status": "ok", "rows": [_row(1, 100), _row(4, 200)], "ceiling": []},
+        {"name": "ge_static", "title": "s", "status": "ok", "rows": [_row(1, 150, 800), _row(4, 500)],
+         "ceiling": [_row(1, 160, 500), _row(4, 520)], "accuracy": {"cosine": 0.9999, "max_abs_diff": 1e-3}},
+        {"name": "ge_bf16", "title": "b", "status": "not available", "reason": "no engine", "rows": [], "ceiling": []},
+    ]}
+
+
+def test_summary_ratios_to_naive_and_ceiling():
+    lines = {line["scenario"]: line for line in report.summarize(_model(), wanted=4)}
+    assert lines["naive"]["x_naive"] == pytest.approx(1.0)
+    static = lines["ge_static"]
+    assert static["concurrency"] == 4
+    assert static["x_naive"] == pytest.approx(2.5)
+    assert static["of_ceiling"] == pytest.approx(500 / 520)
+    assert static["saturation"] == {"concurrency": 4, "ratio": pytest.approx(500 / 520)}
+    assert static["p50_ms"] == pytest.approx(1.0) and static["cosine"] == 0.9999
+    assert lines["ge_bf16"]["throughput"] is None and lines["ge_bf16"]["status"] == "not available"
+    assert report.bs1_delta_ms(_model()["scenarios"][1]) == pytest.approx(0.3)
+
+
+def test_summary_falls_back_to_the_largest_level_and_markdown_says_why_a_row_is_missing():
+    lines = report.summarize(_model(), wanted=16)
+    assert lines[0]["concurrency"] == 4
+    text = report.markdown({"meta": {}, "models": [_model()]}, wanted=4)
+    assert "| ge_static (s) | 500.0 | 1.00 | 2.00 | 2.50x | 520.0 | 96% | +0.30 | 0.999900 |" in text
+    assert "**not available**: no engine" in text
+
+
+def test_plots_are_written(tmp_path):
+    paths = report.plot({"models": [_model()]}, tmp_path)
+    assert sorted(p.name for p in paths) == ["latency_m.png", "throughput_m.png"]
+    assert all(p.stat().st_size > 1000 for p in paths)
+
+
+@pytest.fixture(scope="module")
+def bert_small(tmp_path_factory):
+    cache = tmp_path_factory.mktemp("cache")
+    model = models(cache)["bert_small"]
+    return model, model.ensure(cache, log=lambda m: None)
+
+
+def test_bucket_parameters_cover_every_input(bert_small):
+    model, _ = bert_small
+    params = scenarios.bucket_parameters(model, (1, 4))
+    assert params == {"graph.ge.inputShape": "input_ids:-1,16;attention_mask:-1,16", "graph.ge.dynamicDims": "1,1;4,4"}
+
+
+@pytest.mark.parametrize("name", list(scenarios.SCENARIOS))
+def test_every_scenario_writes_a_config_triton_can_parse(bert_small, tmp_path, name):
+    model, path = bert_small
+    scenario = scenarios.SCENARIOS[name]
+    repo = scenarios.write_repository(tmp_path, model, scenario, path)
+    config = load_model_config(repo / model.name / "config.pbtxt")
+    assert config["name"] == model.name and config["max_batch_size"] == 8
+    assert [i["name"] for i in config["input"]] == ["input_ids", "attention_mask"]
+    assert [o["name"] for o in config["output"]] == [o.name for o in read_signature(path).outputs]
+    assert (repo / model.name / "1" / "model.onnx").resolve() == path.resolve()
+    params = {k: v["string_value"] for k, v in (config.get("parameters") or {}).items()}
+    if scenario.backend == "python":
+        assert config["backend"] == "python" and "dynamic_batching" not in config and not params
+        assert (repo / model.name / "1" / "model.py").read_text().startswith('"""The naive baseline')
+        return
+    assert config["backend"] == "ge"
+    assert config["instance_group"][0]["count"] == scenario.instances
+    assert int(config["dynamic_batching"].get("max_queue_delay_microseconds", 0)) == scenario.max_queue_delay_us
+    assert [int(b) for b in config["dynamic_batching"].get("preferred_batch_size", [])] == list(scenario.preferred_batch_sizes)
+    assert (params.get("static_model") == "1") == scenario.static
+    assert params.get("engine", "onnxruntime") == scenario.engine
+    assert params.get("precision_mode", "origin") == scenario.precision
+
+
+def test_generated_ge_config_loads_as_the_backend_reads_it(bert_small, tmp_path):
+    from gebackend.bench.inprocess import load_spec
+
+    model, path = bert_small
+    repo = scenarios.write_repository(tmp_path, model, scenarios.SCENARIOS["ge_batching"], path)
+    spec, _ = load_spec(repo / model.name)
+    assert spec.static and spec.batching and spec.max_batch_size == 8
+    assert sorted(s["input_ids"][0] for s in spec.static_shapes) == [1, 2, 4, 8]
+
+
+def test_preferred_batch_sizes_are_buckets():
+    for scenario in scenarios.SCENARIOS.values():
+        if scenario.buckets:
+            assert set(scenario.preferred_batch_sizes) <= set(scenario.buckets)
+
+
+def test_missing_pinning_falls_back_to_unpinned_instances(monkeypatch):
+    monkeypatch.setattr(scenarios, "feature_missing", lambda f: "absent" if f == "pinning" else None)
+    scenario, missing = scenarios.availability(scenarios.SCENARIOS["ge_pinned"])
+    assert missing is None and scenario.instances == 2 and scenario.cores_per_instance == 0
+    assert "NOT pinned" in scenario.title and "absent" in scenario.notes
+
+
+def test_missing_engine_makes_the_scenario_not_available(monkeypatch):
+    monkeypatch.setattr(scenarios, "feature_missing", lambda f: "no OpenVINO engine" if f == "openvino" else None)
+    _, missing = scenarios.availability(scenarios.SCENARIOS["ge_bf16"])
+    assert missing == "not available: no OpenVINO engine"
+    _, missing = scenarios.availability(replace(scenarios.SCENARIOS["ge_int8"]))
+    assert missing is None
+
+
+def test_sample_inputs_are_valid_token_ids():
+    model = models()["cnclip_text"]
+    feeds = model.sample_inputs(3)
+    assert feeds["text"].shape == (3, 52) and feeds["text"].dtype == np.int64
+    assert feeds["text"].min() >= 1 and feeds["text"].max() < 21128
