@@ -10,7 +10,8 @@ from pathlib import Path
 
 from gebackend.config.options import parse_backend_config_args
 from gebackend.errors import GeBackendError
-from gebackend.server.launcher import ServerSettings, TritonServer, format_model_table, load_failure_reason
+from gebackend.server.launcher import ServerSettings, Shutdown, TritonServer, format_model_table, load_failure_reason
+from gebackend.server.watchdog import Watchdog
 
 
 def add_parser(subparsers) -> None:
@@ -29,6 +30,15 @@ def add_parser(subparsers) -> None:
     )
     p.add_argument("--startup-timeout", type=float, default=300.0, help="seconds to wait for the server to come up")
     p.add_argument("--exit-timeout", type=int, default=30, help="seconds to let in-flight requests finish on shutdown")
+    p.add_argument(
+        "--allow-model-control", action="store_true",
+        help="let clients load and unload models through Triton's model-repository API (off: only this CLI may)",
+    )
+    p.add_argument(
+        "--no-self-healing", action="store_true",
+        help="do not reload a model whose backend process died (by default it is noticed within seconds and reloaded)",
+    )
+    p.add_argument("--watch-interval", type=float, default=1.0, help=argparse.SUPPRESS)
     p.set_defaults(func=run)
 
 
@@ -48,6 +58,7 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
         extra_args=extra,
         startup_timeout=args.startup_timeout,
         exit_timeout=args.exit_timeout,
+        allow_model_control=args.allow_model_control,
     )
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -55,22 +66,68 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
     server = TritonServer(settings)
     try:
         server.start()
-        index = server.wait_ready()
+        index = server.wait_ready(stop)
     except GeBackendError as exc:
         server.stop(timeout=10)
         print(f"gebackend: cannot serve {settings.model_repository}: {exc}", file=sys.stderr)
         return 1
+    if stop.is_set():
+        print("gebackend: stopping before the server was ready", flush=True)
+        server.stop(timeout=10)
+        print("gebackend: stopped", flush=True)
+        return 0
     _announce(settings, index)
+    watchdog = _start_watchdog(server, args)
     while not stop.is_set():
         if server.process.poll() is not None:
+            if watchdog is not None:
+                watchdog.stop()
             code = server.stop()
             print(f"gebackend: tritonserver exited unexpectedly with code {code}", file=sys.stderr)
             return code or 1
         stop.wait(0.5)
-    print("gebackend: stopping (waiting for in-flight requests)", flush=True)
-    code = server.stop()
-    print(f"gebackend: stopped (tritonserver exit code {code})", flush=True)
-    return 0 if code in (0, -signal.SIGTERM) else code
+    print("gebackend: stopping: finishing in-flight requests, refusing new ones", flush=True)
+    broken: set[str] = set()
+    if watchdog is not None:
+        watchdog.stop()
+        broken = watchdog.broken_models()
+    result = server.shutdown(broken=broken)
+    return _report_shutdown(result, settings.exit_timeout)
+
+
+def _say(message: str) -> None:
+    print(f"gebackend: {message}", flush=True)
+
+
+def _start_watchdog(server: TritonServer, args: argparse.Namespace) -> Watchdog | None:
+    if args.no_self_healing:
+        return None
+    if not server.control.can_reload:
+        _say(f"self-healing is off: it needs --model-control-mode=explicit (this server runs '{server.control.mode}')")
+        return None
+    return Watchdog(server.process.pid, server, _say, interval=args.watch_interval).start()
+
+
+def _report_shutdown(result: Shutdown, exit_timeout: int) -> int:
+    drain = result.drain
+    if drain is not None and drain.broken:
+        _say(f"{', '.join(drain.broken)}: a backend process had died and was not restored yet; "
+             "its requests had already failed")
+    if drain is not None and drain.complete:
+        _say(f"every in-flight request finished ({drain.seconds:.1f}s)")
+    elif drain is not None and drain.busy:
+        _say(f"requests to {', '.join(drain.busy)} were still running after --exit-timeout {exit_timeout}s "
+             "and were cut off")
+    elif drain is not None:
+        _say(f"could not drain through the model-repository API ({drain.error}); left it to tritonserver")
+    if not result.exited_by_itself:
+        what = f" (it said: found {result.waiting_on})" if result.waiting_on else ""
+        _say(f"tritonserver was still waiting{what} with no request left to finish; ended it")
+    if result.clean:
+        _say("stopped cleanly")
+        return 0
+    _say(f"stopped (tritonserver exit code {result.code})")
+    return result.code if result.code > 0 else 1
 
 
 def _announce(settings: ServerSettings, index: list[dict]) -> None:

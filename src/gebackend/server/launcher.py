@@ -2,6 +2,7 @@
 
 Owns: the command line and environment of the server process, the port pre-flight check,
 waiting for readiness (or for the reason it will never be ready), the model status table,
+the model-repository API the CLI keeps for itself (explicit model control behind a secret header),
 and clean-up of the temp folder and the `/dev/shm` regions of this server.
 """
 
@@ -21,6 +22,7 @@ import tempfile
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections import deque
 from dataclasses import dataclass, field
@@ -36,6 +38,8 @@ from gebackend.server.layout import lay_out_backends
 from gebackend.server.registry import CONTROL_ENV_VAR
 
 SHM_DIR = Path("/dev/shm")
+# The header that unlocks Triton's model-repository API (index, load, unload) when clients may not use it.
+CONTROL_HEADER = "gebackend-control-key"
 
 
 class LaunchError(GeBackendError):
@@ -53,6 +57,65 @@ class ServerSettings:
     extra_args: list[str] = field(default_factory=list)
     startup_timeout: float = 300.0
     exit_timeout: int = 30
+    allow_model_control: bool = False  # clients may load/unload models through the repository API
+
+
+def flag_values(args: Sequence[str], name: str) -> list[str]:
+    """The values of a tritonserver flag in `args`, written `--name=value` or `--name value`."""
+    values = []
+    for i, arg in enumerate(args):
+        if arg.startswith(name + "="):
+            values.append(arg[len(name) + 1:])
+        elif arg == name and i + 1 < len(args):
+            values.append(args[i + 1])
+    return values
+
+
+def restriction_for(values: Sequence[str], api: str = "model-repository") -> tuple[str, str] | None:
+    """The (header, value) a `--http-restricted-api` / `--grpc-restricted-protocol` list puts on `api`, if any.
+
+    Each value reads `<api>[,<api>...]:<header>=<value>`.
+    """
+    for value in values:
+        apis, sep, rule = value.partition(":")
+        header, eq, secret = rule.partition("=")
+        if sep and eq and api in [a.strip() for a in apis.split(",")]:
+            return header.strip(), secret
+    return None
+
+
+@dataclass(frozen=True)
+class ModelControl:
+    """How this server's models are managed, decided from the settings and the user's extra flags."""
+
+    mode: str  # tritonserver --model-control-mode: "explicit" unless the user chose another
+    flags: tuple[str, ...]  # what the launcher adds to the command line for it
+    header: tuple[str, str] | None  # (name, value) the CLI sends to reach the repository API; None when open
+
+    @property
+    def can_reload(self) -> bool:
+        return self.mode == "explicit"
+
+    @classmethod
+    def decide(cls, settings: "ServerSettings", secret: str) -> "ModelControl":
+        extra = settings.extra_args
+        flags: list[str] = []
+        modes = flag_values(extra, "--model-control-mode")
+        mode = modes[-1] if modes else "explicit"
+        if not modes:
+            flags.append("--model-control-mode=explicit")
+            if not flag_values(extra, "--load-model"):
+                flags.append("--load-model=*")
+        header = None
+        if not settings.allow_model_control:
+            user_http = restriction_for(flag_values(extra, "--http-restricted-api"))
+            user_grpc = restriction_for(flag_values(extra, "--grpc-restricted-protocol"))
+            header = user_http or (CONTROL_HEADER, secret)
+            if user_http is None:
+                flags.append(f"--http-restricted-api=model-repository:{CONTROL_HEADER}={secret}")
+            if user_grpc is None:
+                flags.append(f"--grpc-restricted-protocol=model-repository:{CONTROL_HEADER}={secret}")
+        return cls(mode, tuple(flags), header)
 
 
 def port_in_use(port: int) -> bool:
@@ -86,6 +149,8 @@ class TritonServer:
         self.process: subprocess.Popen | None = None
         self.tail: deque[str] = deque(maxlen=60)
         self._reader: threading.Thread | None = None
+        self.control = ModelControl.decide(settings, secrets.token_hex(24))
+        self._line_watchers: list = []
 
     # -- start ---------------------------------------------------------------------------------
     def command(self, backends: Path) -> list[str]:
@@ -101,6 +166,7 @@ class TritonServer:
             "--exit-on-error=false",  # a model that fails to load must not take the others down
             f"--exit-timeout-secs={s.exit_timeout}",
             f"--backend-config=python,shm-region-prefix-name={self.shm_prefix}",
+            *self.control.flags,
         ]
         cmd += [f"--backend-config={value}" for value in s.triton_backend_configs]
         return cmd + list(s.extra_args)
@@ -152,13 +218,24 @@ class TritonServer:
         assert self.process is not None and self.process.stdout is not None
         for line in self.process.stdout:
             self.tail.append(line)
+            for watcher in list(self._line_watchers):
+                watcher(line)
             self.log.write(line)
             self.log.flush()
 
-    def wait_ready(self) -> list[dict]:
-        """Wait until the HTTP endpoint answers; return the repository index (every model and its state)."""
+    def watch_lines(self, callback) -> None:
+        """Call `callback(line)` for every later line tritonserver prints (from the reader thread)."""
+        self._line_watchers.append(callback)
+
+    def wait_ready(self, stop: threading.Event | None = None) -> list[dict]:
+        """Wait until the HTTP endpoint answers; return the repository index (every model and its state).
+
+        Returns early (with an empty index) once `stop` is set, so Ctrl-C during a long start-up is obeyed.
+        """
         deadline = time.monotonic() + self.settings.startup_timeout
         while time.monotonic() < deadline:
+            if stop is not None and stop.is_set():
+                return []
             if self.process is None or self.process.poll() is not None:
                 code = None if self.process is None else self.process.returncode
                 if self._reader is not None:
@@ -166,10 +243,14 @@ class TritonServer:
                 raise LaunchError(f"tritonserver exited with code {code} before it was ready:\n{self._last_errors()}")
             try:
                 with urllib.request.urlopen(self.url("/v2/health/live"), timeout=1) as response:
-                    if response.status == 200:
-                        return self.repository_index()
+                    live = response.status == 200
             except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
-                pass
+                live = False
+            if live:
+                try:
+                    return self.repository_index()
+                except urllib.error.HTTPError as exc:
+                    raise LaunchError(f"tritonserver refused the model repository index: {exc.code} {_body(exc)}") from None
             time.sleep(0.2)
         raise LaunchError(f"tritonserver was not ready within {self.settings.startup_timeout:.0f}s:\n{self._last_errors()}")
 
@@ -178,14 +259,105 @@ class TritonServer:
         return "".join(lines[-20:]).rstrip() or "(no output)"
 
     def url(self, path: str) -> str:
-        return f"http://127.0.0.1:{self.settings.http_port}{path}"
+        addresses = flag_values(self.settings.extra_args, "--http-address")
+        host = addresses[-1] if addresses and addresses[-1] not in ("", "0.0.0.0", "::") else "127.0.0.1"
+        host = f"[{host}]" if ":" in host else host
+        return f"http://{host}:{self.settings.http_port}{path}"
+
+    def _repository_call(self, path: str, timeout: float) -> bytes:
+        """POST to Triton's model-repository API with the header that unlocks it for us."""
+        headers = {"Content-Type": "application/json"}
+        if self.control.header is not None:
+            headers[self.control.header[0]] = self.control.header[1]
+        request = urllib.request.Request(self.url(path), data=b"{}", method="POST", headers=headers)
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return response.read()
 
     def repository_index(self) -> list[dict]:
-        request = urllib.request.Request(self.url("/v2/repository/index"), data=b"{}", method="POST")
-        with urllib.request.urlopen(request, timeout=10) as response:
-            return json.loads(response.read() or b"[]")
+        return json.loads(self._repository_call("/v2/repository/index", timeout=10) or b"[]")
+
+    def load_model(self, name: str, timeout: float = 600) -> None:
+        """Load (or reload, if loaded) one model; raises `LaunchError` with Triton's reason if it fails."""
+        self._model_call(name, "load", timeout)
+
+    def unload_model(self, name: str, timeout: float = 600) -> None:
+        self._model_call(name, "unload", timeout)
+
+    def _model_call(self, name: str, action: str, timeout: float) -> None:
+        try:
+            self._repository_call(f"/v2/repository/models/{urllib.parse.quote(name, safe='')}/{action}", timeout)
+        except urllib.error.HTTPError as exc:
+            raise LaunchError(f"{action} of model '{name}' failed: {_body(exc)}") from None
+        except (urllib.error.URLError, ConnectionError, TimeoutError, OSError) as exc:
+            raise LaunchError(f"{action} of model '{name}' failed: {exc}") from None
 
     # -- stop ----------------------------------------------------------------------------------
+    def drain(self, timeout: float, broken: set[str] = frozenset()) -> "Drain":
+        """Unload every model so Triton finishes their queued and running requests; new requests are refused.
+
+        Bounded by `timeout` seconds. Needs explicit model control (the default); see `shutdown`.
+        `broken`: models serving with a dead stub. Triton 2.51 never finishes unloading such a model once a
+        request met the dead stub (that request is answered 500 but never released), so they are unloaded
+        without being waited for: they have nothing left to finish.
+        """
+        started = time.monotonic()
+        deadline = started + timeout
+
+        def loaded() -> list[str]:
+            return [e["name"] for e in self.repository_index() if e.get("state") in _LOADED_STATES]
+
+        try:
+            busy = loaded()
+            for name in busy:
+                self.unload_model(name, timeout=max(1.0, deadline - time.monotonic()))
+            busy = [name for name in busy if name not in broken]
+            while busy and time.monotonic() < deadline:
+                time.sleep(0.1)
+                busy = [name for name in loaded() if name not in broken]
+        except (GeBackendError, OSError, ValueError) as exc:
+            return Drain(False, [], time.monotonic() - started, str(exc))
+        return Drain(not busy, sorted(busy), time.monotonic() - started, broken=sorted(broken))
+
+    def shutdown(self, grace: float = 5.0, broken: set[str] = frozenset()) -> "Shutdown":
+        """Stop in order: drain (bounded by the exit timeout), SIGTERM, clean up. Never leaves a process or region behind.
+
+        Fact (tritonserver 2.51): after SIGTERM Triton waits, up to --exit-timeout-secs, for every client
+        connection to close, an idle keep-alive one included, and then exits 1 ("Exit timeout expired")
+        even though nothing was in flight. Once the drain has finished every request there is nothing left
+        to wait for, so the server gets `grace` seconds and is then ended, and the stop is still clean.
+        """
+        if self.process is None or self.process.poll() is not None:
+            code = self.stop()
+            return Shutdown(code, None, exited_by_itself=True)
+        drain = self.drain(self.settings.exit_timeout, broken) if self.control.can_reload else None
+        waiting: list[str] = []
+
+        def note(line: str) -> None:
+            what = _waiting_on(line)
+            if what:
+                waiting.append(what)
+
+        self.watch_lines(note)
+        # After a drain (finished, or out of time with requests still running) only `grace` is left to give.
+        wait = grace if drain is not None and (drain.complete or drain.busy) else self.settings.exit_timeout + 15
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            code = self.process.wait(timeout=wait)
+            by_itself = True
+        except subprocess.TimeoutExpired:
+            self._kill_group()
+            code = self.process.wait()
+            by_itself = False
+        return Shutdown(self._finish(code), drain, by_itself, waiting[-1] if waiting else None)
+
+    def _finish(self, code: int) -> int:
+        if self.process is not None:
+            self._kill_group()  # stubs that outlived the server
+            if self._reader is not None:
+                self._reader.join(timeout=5)
+        self.cleanup()
+        return code
+
     def stop(self, timeout: float | None = None) -> int:
         """SIGTERM the server, wait for it (bounded), then remove what it left. Returns its exit code."""
         code = 0
@@ -197,11 +369,7 @@ class TritonServer:
             except subprocess.TimeoutExpired:
                 self._kill_group()
                 code = self.process.wait()
-            self._kill_group()  # stubs that outlived the server
-            if self._reader is not None:
-                self._reader.join(timeout=5)
-        self.cleanup()
-        return code
+        return self._finish(code)
 
     def _kill_group(self) -> None:
         if self.process is None:
@@ -221,6 +389,50 @@ class TritonServer:
             registry.unregister(self.settings.http_port)
             shutil.rmtree(self.workdir, ignore_errors=True)
             self.workdir = None
+
+
+_LOADED_STATES = ("READY", "LOADING", "UNLOADING")
+
+
+@dataclass(frozen=True)
+class Drain:
+    complete: bool  # every model unloaded: no request was left in flight
+    busy: list[str]  # models still unloading (requests still running) when the time ran out
+    seconds: float
+    error: str = ""
+    broken: list[str] = field(default_factory=list)  # models with a dead stub, unloaded without waiting
+
+
+@dataclass(frozen=True)
+class Shutdown:
+    code: int  # tritonserver's exit code (negative: the signal that ended it)
+    drain: Drain | None  # None: no drain (the server had exited, or model control is not explicit)
+    exited_by_itself: bool  # False: it was still waiting (for client connections) after the drain and was ended
+    waiting_on: str | None = None  # the last thing Triton said it waited for, e.g. "1 HTTP service connections"
+
+    @property
+    def clean(self) -> bool:
+        """Every in-flight request finished and nothing is left behind."""
+        if self.drain is not None:
+            return self.drain.complete
+        return self.code in (0, -signal.SIGTERM)
+
+
+def _waiting_on(line: str) -> str | None:
+    """What tritonserver says it still waits for while exiting, e.g. "1 HTTP service connections"."""
+    # "Timeout 29: Found 1 HTTP service connections" / "Timeout 27: Found 1 live models and 0 in-flight ..."
+    found = line.find(": Found ")
+    if found < 0 or "Timeout " not in line[:found]:
+        return None
+    return line[found + len(": Found "):].strip().rstrip('"').strip()
+
+
+def _body(error: urllib.error.HTTPError) -> str:
+    try:
+        text = error.read().decode(errors="replace")
+        return json.loads(text).get("error", text)
+    except (ValueError, AttributeError, OSError):
+        return str(error)
 
 
 def load_failure_reason(entry: dict) -> str:

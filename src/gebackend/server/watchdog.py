@@ -1,0 +1,249 @@
+"""Notices a model instance whose backend stub process died and restores the model.
+
+Facts this is built on (tritonserver 2.51, Python-based backends): when an instance's
+`triton_python_backend_stub` dies (crash, OOM kill, `kill -9`), Triton keeps the model READY,
+answers every later request to it with 500 "Stub process '<instance>' is not healthy" (after ~1 s),
+and never restarts it; the dead stub stays a zombie child of tritonserver. Unloading the model and
+loading it again (explicit model-control mode) serves it from fresh stubs. Once a request has met
+the dead stub, that old model version never finishes unloading (the request is never released),
+but the new load does not wait for it.
+
+So once a second the watchdog lists tritonserver's stub children from `/proc` (no extra
+dependency; about a millisecond), remembers which model instance each one serves, and when one is
+gone or a zombie while no other live stub serves that instance, and Triton still calls the model
+READY, it unloads the model and loads it again through the CLI's model-repository access, and
+logs both. A model that keeps dying is reloaded after a growing pause (1 s, 2 s, 4 s ... 60 s).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterable, Protocol
+
+STUB_NAME = "triton_python_backend_stub"
+PROC = Path("/proc")
+
+
+@dataclass(frozen=True)
+class Stub:
+    """One stub process: which model instance it serves. `started` (clock ticks) tells a reused pid apart."""
+
+    pid: int
+    started: int
+    model: str
+    instance: str
+    zombie: bool = False
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return self.model, self.instance
+
+    @property
+    def serves_instance(self) -> bool:
+        """False for the short-lived stub Triton starts to auto-complete a config (its instance name is the model's)."""
+        return self.instance != self.model
+
+
+def parse_stub(pid: int, stat: str, argv: list[str]) -> Stub | None:
+    """A stub from its `/proc/<pid>/stat` text and command line, or None if it is not a stub.
+
+    The stub's command line is: stub, <repo>/<model>/<version>/model.py, shm region, shm sizes (2),
+    parent pid, backend folder, IPC handle, instance name, model folder of the backend.
+    """
+    if len(argv) < 9 or not argv[0].endswith(STUB_NAME):
+        return None
+    fields = stat[stat.rfind(")") + 2:].split()
+    model = Path(argv[1]).parent.parent.name
+    return Stub(pid, int(fields[19]), model, argv[8], fields[0] in ("Z", "X"))
+
+
+def _stat(pid: int) -> str | None:
+    try:
+        return (PROC / str(pid) / "stat").read_text()
+    except OSError:
+        return None
+
+
+def _parent(stat: str) -> int:
+    return int(stat[stat.rfind(")") + 2:].split()[1])
+
+
+def _started(stat: str) -> int:
+    return int(stat[stat.rfind(")") + 2:].split()[19])
+
+
+class ProcessTable:
+    """Lists the stub children of one process from `/proc`, reading each command line once."""
+
+    def __init__(self, parent_pid: int):
+        self.parent_pid = parent_pid
+        self._argv: dict[tuple[int, int], list[str]] = {}
+
+    def stubs(self) -> list[Stub]:
+        found = []
+        seen = set()
+        for entry in os.scandir(PROC):
+            if not entry.name.isdigit():
+                continue
+            pid = int(entry.name)
+            stat = _stat(pid)
+            if stat is None or _parent(stat) != self.parent_pid:
+                continue
+            ident = (pid, _started(stat))
+            seen.add(ident)
+            if ident not in self._argv:
+                try:
+                    raw = (PROC / str(pid) / "cmdline").read_bytes()
+                except OSError:
+                    continue
+                if not raw:  # a zombie has no command line left; we cannot tell whose it was
+                    continue
+                self._argv[ident] = raw.rstrip(b"\0").decode(errors="replace").split("\0")
+            stub = parse_stub(pid, stat, self._argv[ident])
+            if stub is not None:
+                found.append(stub)
+        for ident in set(self._argv) - seen:
+            del self._argv[ident]
+        return found
+
+
+class StubTracker:
+    """Pure bookkeeping: from successive lists of stubs, which model instances lost their process."""
+
+    def __init__(self) -> None:
+        self.known: dict[tuple[int, int], Stub] = {}
+
+    def update(self, stubs: Iterable[Stub]) -> list[Stub]:
+        """Record the live stubs; return the instances whose process died since (at most once each)."""
+        stubs = [s for s in stubs if s.serves_instance]
+        alive = {s.key for s in stubs if not s.zombie}
+        current = {(s.pid, s.started): s for s in stubs}
+        dead = []
+        for ident, stub in list(self.known.items()):
+            gone = ident not in current or current[ident].zombie
+            if gone:
+                del self.known[ident]
+                if stub.key not in alive:
+                    dead.append(stub)
+        for ident, stub in current.items():
+            if not stub.zombie:
+                self.known[ident] = stub
+        return dead
+
+    def forget_model(self, model: str) -> None:
+        for ident in [i for i, s in self.known.items() if s.model == model]:
+            del self.known[ident]
+
+
+class ModelRepository(Protocol):
+    def repository_index(self) -> list[dict]: ...
+    def load_model(self, name: str, timeout: float = ...) -> None: ...
+    def unload_model(self, name: str, timeout: float = ...) -> None: ...
+
+
+def backoff(failures: int, first: float = 1.0, limit: float = 60.0) -> float:
+    """Seconds to wait before reloading a model that died `failures` times in a row (0 the first time)."""
+    return 0.0 if failures <= 0 else min(limit, first * 2 ** (failures - 1))
+
+
+class Watchdog:
+    """A daemon thread that restores models whose stub died. `start()` after the server is ready, `stop()` before stopping it."""
+
+    def __init__(
+        self,
+        server_pid: int,
+        repository: ModelRepository,
+        say: Callable[[str], None],
+        interval: float = 1.0,
+        stable_after: float = 60.0,
+    ):
+        self.table = ProcessTable(server_pid)
+        self.tracker = StubTracker()
+        self.repository = repository
+        self.say = say
+        self.interval = interval
+        self.stable_after = stable_after  # a model that ran this long since its last restore starts afresh
+        self.restores: dict[str, int] = {}  # model -> restores done
+        self.unrestored: set[str] = set()  # models that lost a stub and are not serving from fresh ones (yet)
+        self._failures: dict[str, tuple[int, float]] = {}  # model -> (consecutive deaths, when restored)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.busy = threading.Lock()  # held while a model is being restored
+
+    def start(self) -> "Watchdog":
+        self.tracker.update(self.table.stubs())
+        self._thread = threading.Thread(target=self._run, name="gebackend-watchdog", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self, timeout: float = 30.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def broken_models(self) -> set[str]:
+        """After `stop()`: the models serving with a dead stub right now (a last look, nothing restored)."""
+        for stub in self.tracker.update(self.table.stubs()):
+            self.unrestored.add(stub.model)
+        return set(self.unrestored)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                self.check()
+            except Exception as exc:  # the watchdog must never take the CLI down
+                self.say(f"watchdog: check failed: {type(exc).__name__}: {exc}")
+
+    def check(self) -> list[str]:
+        """One look at the stubs; restores the models that lost one. Returns the models restored."""
+        dead = self.tracker.update(self.table.stubs())
+        if not dead:
+            return []
+        by_model: dict[str, list[Stub]] = {}
+        for stub in dead:
+            by_model.setdefault(stub.model, []).append(stub)
+        states = {e.get("name"): e.get("state") for e in self.repository.repository_index()}
+        restored = []
+        for model, stubs in sorted(by_model.items()):
+            what = ", ".join(f"'{s.instance}' (pid {s.pid})" for s in stubs)
+            if states.get(model) != "READY":
+                continue  # being unloaded or reloaded on purpose: its stubs end normally
+            self.unrestored.add(model)
+            if self._stop.is_set():
+                return restored
+            self.say(f"model '{model}': stub process of instance {what} died; reloading the model")
+            if self._restore(model):
+                restored.append(model)
+        return restored
+
+    def _restore(self, model: str) -> bool:
+        with self.busy:
+            started = time.monotonic()
+            deaths, last = self._failures.get(model, (0, 0.0))
+            if last and started - last > self.stable_after:
+                deaths = 0
+            try:
+                # Not waiting for the unload to finish: once a request has met the dead stub, Triton 2.51 never
+                # finishes unloading that model version (the request is never released), yet loading the model
+                # again works at once and serves from fresh stubs.
+                self.repository.unload_model(model)
+                pause = backoff(deaths)
+                if pause:
+                    self.say(f"model '{model}': died {deaths + 1} times in a row; loading it again in {pause:.0f}s")
+                    if self._stop.wait(pause):
+                        return False
+                self.tracker.forget_model(model)
+                self.repository.load_model(model)
+            except Exception as exc:
+                self.say(f"model '{model}': could not be restored: {exc}")
+                self._failures[model] = (deaths + 1, time.monotonic())
+                return False
+            self._failures[model] = (deaths + 1, time.monotonic())
+            self.restores[model] = self.restores.get(model, 0) + 1
+            self.unrestored.discard(model)
+            self.say(f"model '{model}': restored in {time.monotonic() - started:.1f}s")
+            return True

@@ -1,0 +1,249 @@
+"""Unit tests for the launcher's model-control decisions and the watchdog's bookkeeping (no server started)."""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+import pytest
+
+from gebackend.server import watchdog as wd
+from gebackend.server.launcher import (
+    CONTROL_HEADER,
+    ModelControl,
+    ServerSettings,
+    _waiting_on,
+    flag_values,
+    restriction_for,
+)
+
+
+def settings(extra=(), allow=False) -> ServerSettings:
+    return ServerSettings(model_repository=Path("/models"), extra_args=list(extra), allow_model_control=allow)
+
+
+# -- tritonserver flags --------------------------------------------------------------------------------------------
+def test_flag_values_reads_both_spellings():
+    args = ["--http-address=127.0.0.1", "--log-verbose", "1", "--http-address", "::1", "--http-address"]
+    assert flag_values(args, "--http-address") == ["127.0.0.1", "::1"]
+    assert flag_values(args, "--log-verbose") == ["1"]
+    assert flag_values(args, "--http") == []
+
+
+def test_restriction_for_finds_the_header_guarding_the_api():
+    assert restriction_for(["inference,model-repository:x-key=abc"]) == ("x-key", "abc")
+    assert restriction_for(["inference:x-key=abc"]) is None
+    assert restriction_for(["model-repository"]) is None  # malformed: no header
+    assert restriction_for(["health:a=b", "model-repository:c=d=e"]) == ("c", "d=e")
+
+
+def test_default_is_explicit_mode_with_repository_api_behind_a_secret():
+    control = ModelControl.decide(settings(), "s3cret")
+    assert control.mode == "explicit" and control.can_reload
+    assert control.header == (CONTROL_HEADER, "s3cret")
+    assert control.flags == (
+        "--model-control-mode=explicit",
+        "--load-model=*",
+        f"--http-restricted-api=model-repository:{CONTROL_HEADER}=s3cret",
+        f"--grpc-restricted-protocol=model-repository:{CONTROL_HEADER}=s3cret",
+    )
+
+
+def test_allow_model_control_leaves_the_api_open():
+    control = ModelControl.decide(settings(allow=True), "s3cret")
+    assert control.header is None
+    assert not any("restricted" in flag for flag in control.flags)
+    assert control.can_reload
+
+
+def test_users_own_mode_and_models_are_kept():
+    control = ModelControl.decide(settings(["--model-control-mode=poll"]), "s")
+    assert control.mode == "poll" and not control.can_reload
+    assert not any(flag.startswith(("--model-control-mode", "--load-model")) for flag in control.flags)
+    control = ModelControl.decide(settings(["--load-model", "a"]), "s")
+    assert "--model-control-mode=explicit" in control.flags and "--load-model=*" not in control.flags
+
+
+def test_users_own_restriction_is_reused_not_doubled():
+    control = ModelControl.decide(settings(["--http-restricted-api=model-repository,inference:mine=42"]), "s")
+    assert control.header == ("mine", "42")
+    assert not any(flag.startswith("--http-restricted-api") for flag in control.flags)
+    assert any(flag.startswith("--grpc-restricted-protocol") for flag in control.flags)
+
+
+def test_waiting_on_reads_tritons_exit_countdown():
+    assert _waiting_on('I1129 http_server.cc:248] "Timeout 29: Found 1 HTTP service connections"\n') == \
+        "1 HTTP service connections"
+    assert _waiting_on('I1129 server.cc:345] "Timeout 3: Found 1 live models and 0 in-flight non-inference requests"') \
+        == "1 live models and 0 in-flight non-inference requests"
+    assert _waiting_on("I1129 model_lifecycle.cc:624] \"successfully unloaded 'bert' version 1\"") is None
+
+
+# -- watchdog --------------------------------------------------------------------------------------------------------
+STAT = "{pid} (triton_python_b) {state} 10 10 10 0 -1 4194560 1 0 0 0 0 0 0 0 20 0 9 0 {start} 100 200"
+
+
+def stub(pid, instance, model="m", start=1000, state="S"):
+    argv = ["/x/backends/python/triton_python_backend_stub", f"/repo/{model}/1/model.py", "shm", "1048576",
+            "1048576", "10", "/x/backends/python", "336", instance, "/x/backends/ge"]
+    return wd.parse_stub(pid, STAT.format(pid=pid, state=state, start=start), argv)
+
+
+def test_parse_stub_reads_model_instance_and_state():
+    s = stub(42, "bert_0_1", model="bert", start=777, state="Z")
+    assert (s.pid, s.started, s.model, s.instance, s.zombie) == (42, 777, "bert", "bert_0_1", True)
+    assert s.serves_instance
+    assert not stub(43, "bert", model="bert").serves_instance  # the auto-complete stub
+    assert wd.parse_stub(44, STAT.format(pid=44, state="S", start=1), ["/usr/bin/python3", "x.py"]) is None
+
+
+def test_tracker_reports_a_dead_instance_once():
+    tracker = wd.StubTracker()
+    a, b = stub(1, "m_0"), stub(2, "m_1")
+    assert tracker.update([a, b]) == []
+    assert tracker.update([a, b]) == []
+    assert tracker.update([a]) == [b]  # b's process is gone
+    assert tracker.update([a]) == []
+
+
+def test_tracker_treats_a_zombie_as_dead():
+    tracker = wd.StubTracker()
+    tracker.update([stub(1, "m_0")])
+    assert tracker.update([stub(1, "m_0", state="Z")]) == [stub(1, "m_0")]
+
+
+def test_tracker_ignores_a_replaced_instance_and_the_auto_complete_stub():
+    tracker = wd.StubTracker()
+    tracker.update([stub(1, "m_0"), stub(9, "m")])
+    # A reload: the new stub serving m_0 is up before the old one exits; the auto-complete stub ends.
+    assert tracker.update([stub(1, "m_0"), stub(5, "m_0")]) == []
+    assert tracker.update([stub(5, "m_0")]) == []
+
+
+def test_tracker_tells_a_reused_pid_apart():
+    tracker = wd.StubTracker()
+    tracker.update([stub(1, "m_0", start=100)])
+    assert tracker.update([stub(1, "other_0", model="other", start=200)]) == [stub(1, "m_0", start=100)]
+
+
+def test_backoff_grows_and_is_capped():
+    assert [wd.backoff(n) for n in range(9)] == [0, 1, 2, 4, 8, 16, 32, 60, 60]
+
+
+class FakeRepository:
+    def __init__(self, states):
+        self.states = dict(states)
+        self.calls = []
+
+    def repository_index(self):
+        return [{"name": k, "state": v} for k, v in self.states.items()]
+
+    def unload_model(self, name, timeout=0):
+        self.calls.append(("unload", name))
+
+    def load_model(self, name, timeout=0):
+        self.calls.append(("load", name))
+
+
+class FakeTable:
+    def __init__(self):
+        self.now = []
+
+    def stubs(self):
+        return list(self.now)
+
+
+def watchdog_with(states):
+    repo, said = FakeRepository(states), []
+    dog = wd.Watchdog(0, repo, said.append)
+    dog.table = FakeTable()
+    return dog, repo, said
+
+
+def test_watchdog_reloads_a_ready_model_that_lost_a_stub():
+    dog, repo, said = watchdog_with({"m": "READY", "n": "READY"})
+    dog.table.now = [stub(1, "m_0"), stub(2, "n_0", model="n")]
+    assert dog.check() == []
+    dog.table.now = [stub(2, "n_0", model="n")]
+    assert dog.check() == ["m"]
+    assert repo.calls == [("unload", "m"), ("load", "m")]
+    assert dog.restores == {"m": 1} and dog.unrestored == set()
+    assert any("'m_0' (pid 1) died" in line for line in said) and any("restored in" in line for line in said)
+
+
+def test_watchdog_leaves_a_model_being_unloaded_alone():
+    dog, repo, _ = watchdog_with({"m": "UNLOADING"})
+    dog.table.now = [stub(1, "m_0")]
+    dog.check()
+    dog.table.now = []
+    assert dog.check() == [] and repo.calls == []
+
+
+def test_watchdog_reports_a_failed_restore_and_backs_off(monkeypatch):
+    dog, repo, said = watchdog_with({"m": "READY"})
+
+    def fail(name, timeout=0):
+        raise RuntimeError("load of model 'm' failed: boom")
+
+    repo.load_model = fail
+    dog.table.now = [stub(1, "m_0")]
+    dog.check()
+    dog.table.now = []
+    assert dog.check() == []
+    assert any("could not be restored: load of model 'm' failed: boom" in line for line in said)
+    assert dog.unrestored == {"m"} and dog._failures["m"][0] == 1
+    waits = []
+    monkeypatch.setattr(dog._stop, "wait", lambda seconds: waits.append(seconds) or False)
+    repo.load_model = lambda name, timeout=0: repo.calls.append(("load", name))
+    dog.table.now = [stub(3, "m_0", start=5)]
+    dog.check()
+    dog.table.now = []
+    assert dog.check() == ["m"] and waits == [1.0]
+
+
+def test_broken_models_takes_a_last_look():
+    dog, _, _ = watchdog_with({"m": "READY"})
+    dog.table.now = [stub(1, "m_0")]
+    dog.check()
+    dog.table.now = [stub(1, "m_0", state="Z")]
+    assert dog.broken_models() == {"m"}
+
+
+def test_process_table_lists_only_stub_children(tmp_path, monkeypatch):
+    proc = tmp_path / "proc"
+    for pid, ppid, argv in [(10, 1, ["tritonserver"]), (11, 10, None),
+                            (12, 99, None), (13, 10, ["/bin/sh", "-c", "x"])]:
+        folder = proc / str(pid)
+        folder.mkdir(parents=True)
+        (folder / "stat").write_text(f"{pid} (x) S {ppid} 1 1 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 555 1 1")
+        if argv is None:
+            argv = ["/b/triton_python_backend_stub", "/repo/m/1/model.py", "shm", "1", "1", "10", "/b", "1",
+                    f"m_{pid}", "/b/ge"]
+        (folder / "cmdline").write_bytes("\0".join(argv).encode() + b"\0")
+    (proc / "self").mkdir()
+    monkeypatch.setattr(wd, "PROC", proc)
+    stubs = wd.ProcessTable(10).stubs()
+    assert [(s.pid, s.model, s.instance, s.started) for s in stubs] == [(11, "m", "m_11", 555)]
+
+
+def test_process_table_on_this_machine_is_cheap_and_empty_for_a_childless_parent():
+    if not Path("/proc/self/stat").exists():
+        pytest.skip("no /proc")
+    assert wd.ProcessTable(os.getpid()).stubs() == []
+
+
+def test_watchdog_thread_survives_a_failing_check():
+    dog, _, said = watchdog_with({})
+    dog.interval = 0.01
+    done = threading.Event()
+
+    def boom():
+        done.set()
+        raise OSError("no /proc")
+
+    dog.check = boom
+    dog.start()
+    assert done.wait(5)
+    dog.stop()
+    assert any("watchdog: check failed: OSError: no /proc" in line for line in said)
