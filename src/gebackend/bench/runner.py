@@ -172,7 +172,7 @@ class Bench:
         result["rows"] = [r.to_dict() for r in perf.rows]
         if perf.unstable:
             result["unstable"] = perf.unstable
-            result["notes"] = "; ".join(filter(None, [result["notes"], "unstable (measured with -s 100) at c="
+            result["notes"] = "; ".join(filter(None, [result["notes"], "unstable (measured with -s 1000, 2x windows) at c="
                                                       + ",".join(map(str, perf.unstable))]))
         if perf.failures:
             result["notes"] = "; ".join(filter(None, [result["notes"], *perf.failures]))
