@@ -11,6 +11,7 @@ batch axis by torch's TorchScript exporter, as ge-backend's CN_CLIP guide does):
                 beside this torch)
   cnclip_image  CN_CLIP ViT-B/16 image encoder (224 px, width 768, 12 layers, embed 512)
   cnclip_text   CN_CLIP RoBERTa-wwm-ext-base Chinese text encoder (vocab 21128, 12 layers, context 52)
+  cnclip_image_l4, cnclip_text_l4   the same two encoders cut to 4 of their 12 layers (a third of the work)
 
 The CN_CLIP encoders are built by cn_clip's own model code (`cn_clip/clip/model.py`, whose image encoder uses
 `nn.MultiheadAttention`), taken from the `cn_clip` wheel on PyPI: the wheel is downloaded once with
@@ -202,8 +203,11 @@ def cn_clip_source(cache: Path) -> Path:
     return root
 
 
-def load_cn_clip(cache: Path, image: bool = True, text: bool = True):
-    """cn_clip's `CLIP` (ViT-B/16 + RoBERTa-wwm-ext-base-chinese), random weights, from cn_clip's own code."""
+def load_cn_clip(cache: Path, layers: int | None = None):
+    """cn_clip's `CLIP` (ViT-B/16 + RoBERTa-wwm-ext-base-chinese), random weights, from cn_clip's own code.
+
+    `layers` (default: the real 12) cuts both encoders to that many transformer layers, nothing else changed.
+    """
     torch = _torch()
     root = cn_clip_source(cache)
     clip_dir = root / "cn_clip" / "clip"
@@ -221,14 +225,16 @@ def load_cn_clip(cache: Path, image: bool = True, text: bool = True):
     model_module = importlib.import_module("cn_clip.clip.model")
     config = json.loads((clip_dir / "model_configs" / "ViT-B-16.json").read_text())
     config.update(json.loads((clip_dir / "model_configs" / "RoBERTa-wwm-ext-base-chinese.json").read_text()))
+    if layers is not None:
+        config.update(vision_layers=layers, text_num_hidden_layers=layers)
     torch.manual_seed(0)
     model = model_module.CLIP(**config).eval()
     return model, config
 
 
-def _export_cnclip_image(path: Path, cache: Path) -> None:
+def _export_cnclip_image(path: Path, cache: Path, layers: int | None = None) -> None:
     torch = _torch()
-    model, config = load_cn_clip(cache)
+    model, config = load_cn_clip(cache, layers)
     res = config["image_resolution"]
 
     class ImageEncoder(torch.nn.Module):
@@ -242,9 +248,9 @@ def _export_cnclip_image(path: Path, cache: Path) -> None:
     _export(ImageEncoder().eval(), (torch.randn(1, 3, res, res),), path, ["image"], ["unnorm_image_features"])
 
 
-def _export_cnclip_text(path: Path, cache: Path, context: int = 52) -> None:
+def _export_cnclip_text(path: Path, cache: Path, layers: int | None = None, context: int = 52) -> None:
     torch = _torch()
-    model, config = load_cn_clip(cache)
+    model, config = load_cn_clip(cache, layers)
 
     class TextEncoder(torch.nn.Module):
         def __init__(self):
@@ -258,6 +264,7 @@ def _export_cnclip_text(path: Path, cache: Path, context: int = 52) -> None:
     _export(TextEncoder().eval(), (text,), path, ["text"], ["unnorm_text_features"])
 
 
+SMALL_LAYERS = 4
 IMAGE_224 = (BenchInput("image", "float32", (3, 224, 224), -1.0, 1.0),)
 
 
@@ -278,6 +285,13 @@ def models(cache: Path = DEFAULT_CACHE) -> dict[str, BenchModel]:
         BenchModel("cnclip_text", "CN_CLIP RoBERTa-wwm-ext-base text encoder, vocab 21128, 12 layers, context 52",
                    (BenchInput("text", "int64", (52,), 1, 21128),), lambda p: _export_cnclip_text(p, cache),
                    full_size=True, needs="torch, cn_clip wheel"),
+        # The same encoders cut to 4 of their 12 layers (everything else as above): a third of the work, for
+        # measuring the whole ladder on a shared 2-core machine in reasonable time.
+        BenchModel("cnclip_image_l4", "CN_CLIP ViT-B/16 image encoder cut to 4 layers (224 px, width 768, embed 512)",
+                   IMAGE_224, lambda p: _export_cnclip_image(p, cache, SMALL_LAYERS), needs="torch, cn_clip wheel"),
+        BenchModel("cnclip_text_l4", "CN_CLIP RoBERTa-wwm-ext-base text encoder cut to 4 layers (vocab 21128, context 52)",
+                   (BenchInput("text", "int64", (52,), 1, 21128),), lambda p: _export_cnclip_text(p, cache, SMALL_LAYERS),
+                   needs="torch, cn_clip wheel"),
     ]
     return {m.name: m for m in entries}
 
