@@ -1,0 +1,481 @@
+"""The OpenVINO engine (CPU): dynamic graph mode (`OvEngine`) and static graphs per bucket (`OvStaticEngine`).
+
+OpenVINO reads the ONNX file itself (no conversion step) and compiles it for the CPU plugin.
+
+Precision is always explicit. On CPUs with AVX-512 BF16 or AMX the CPU plugin silently runs in bf16
+unless told otherwise, so every compiled model gets `INFERENCE_PRECISION_HINT` from `precision_mode`:
+origin -> f32, bf16 -> bf16, fp16 -> f16 (bf16, else f32, where the CPU cannot run f16; the fallback is
+said in `describe()`). int8 needs calibration in OpenVINO and is refused here (ONNX Runtime's quantizer
+handles it). Threads: `INFERENCE_NUM_THREADS` = `intra_op_thread_count` when set, one stream, the
+LATENCY performance hint. The precision the compiled model reports back is what `describe()` shows.
+
+Static graph mode: one compiled model per compiled shape (bucket), reshaped to its input shapes and
+warmed up once at load. Each bucket keeps one infer request whose input tensors are allocated once; a
+run copies the feeds into them and looks its bucket up by the exact input shapes.
+
+Weights are NOT shared between buckets. The CPU plugin repacks the weights of every compiled model into
+buffers of its own, and the model it was compiled from keeps its constants alive. Measured with psutil on
+a BERT-type encoder with 51 MiB of weights (RSS after loading the engine, f32):
+
+    buckets                                   1          2          8
+    each bucket's graph read on its own    +121 MiB   +227 MiB   +878 MiB   (~2.1x the weights per bucket)
+    `source=`: original read once, cloned  +122 MiB   +179 MiB   +525 MiB   (~1.1x the weights per bucket)
+    (ONNX Runtime's static engine, same)   +153 MiB   +257 MiB   +898 MiB
+
+By default each bucket's specialised, folded graph (`CompiledGraph.model`) is read. Given the original
+ONNX file as `source`, the engine reads it once and reshapes a clone per bucket (OpenVINO does its own
+shape inference and folding): the clones share their constants, only the repacked copies are per bucket.
+Keep the bucket count small with OpenVINO.
+
+Profiling: OpenVINO's per-node performance counters (`PERF_COUNT`) need a recompile, so
+`start_profiling` compiles a profiled twin of every graph first and swaps it in under the run lock
+(requests keep running meanwhile). The profile is written as ONNX Runtime-style Chrome-trace events (a
+`model_run` per run, a `<node>_kernel_time` per executed node, laid end to end inside the run because
+OpenVINO reports durations, not start times), so `gebackend.profiling.report` reads it unchanged.
+OpenVINO's CPU counters are running averages since compile: the first profiled run gets its own node
+times, every later run the nodes' average over the later runs (per-op totals and averages are right,
+per-run min/max per op after the first run are not).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import numpy as np
+import openvino as ov
+import openvino.properties as props
+import openvino.properties.hint as hints
+
+from gebackend.config.options import BackendOptions
+from gebackend.engines.base import Engine, EngineInputError, EngineRunError, ProfiledSession
+from gebackend.errors import ModelLoadError
+
+DEVICE = "CPU"
+PROVIDER = "OpenVINO-CPU"  # the "provider" the profile's node events name
+
+_core: ov.Core | None = None
+_core_lock = threading.Lock()
+
+
+def core() -> ov.Core:
+    """One OpenVINO Core per process (it caches plugins; its methods are thread-safe)."""
+    global _core
+    with _core_lock:
+        if _core is None:
+            _core = ov.Core()
+        return _core
+
+
+def version() -> str:
+    return ov.get_version().split("-")[0]
+
+
+# ------------------------------------------------------------------------------------------ precision
+
+
+@dataclass(frozen=True)
+class Precision:
+    """The inference precision asked of the CPU plugin, and why it differs from `precision_mode` if it does."""
+
+    mode: str  # precision_mode: origin | fp16 | bf16
+    hint: ov.Type
+    note: str = ""
+
+
+_WANTED = {"origin": ov.Type.f32, "bf16": ov.Type.bf16, "fp16": ov.Type.f16}
+_CAPABILITY = {ov.Type.bf16: "BF16", ov.Type.f16: "FP16"}
+
+
+def resolve_precision(mode: str, capabilities: Sequence[str] | None = None) -> Precision:
+    """The inference precision hint for a precision_mode on this CPU; int8 raises `ModelLoadError`."""
+    if mode == "int8":
+        raise ModelLoadError(
+            "precision_mode=int8 is not supported by the OpenVINO engine (it needs calibration data); "
+            "use engine=onnxruntime, whose dynamic quantization needs none")
+    if mode not in _WANTED:
+        raise ModelLoadError(f"precision_mode={mode!r} is not known to the OpenVINO engine")
+    wanted = _WANTED[mode]
+    if capabilities is None:
+        capabilities = list(core().get_property(DEVICE, props.device.capabilities))
+    if wanted == ov.Type.f16 and "FP16" not in capabilities:
+        fallback = ov.Type.bf16 if "BF16" in capabilities else ov.Type.f32
+        return Precision(mode, fallback, f"fp16 is not supported by this CPU, running {_short(fallback)}")
+    if wanted == ov.Type.bf16 and "BF16" not in capabilities:
+        return Precision(mode, ov.Type.f32, "bf16 is not supported by this CPU, running f32")
+    return Precision(mode, wanted)
+
+
+def _short(t: ov.Type) -> str:
+    return {ov.Type.f32: "f32", ov.Type.bf16: "bf16", ov.Type.f16: "f16"}.get(t, str(t))
+
+
+def compile_config(options: BackendOptions, precision: Precision, profile: bool = False) -> dict:
+    """The CPU plugin's properties for one compiled model."""
+    config = {
+        hints.inference_precision: precision.hint,
+        hints.performance_mode: hints.PerformanceMode.LATENCY,
+        props.num_streams: 1,
+        props.enable_profiling: profile,
+    }
+    if options.intra_op_thread_count > 0:
+        config[props.inference_num_threads] = options.intra_op_thread_count
+    return config
+
+
+# ------------------------------------------------------------------------------------------ one compiled model
+
+
+def _read(source, what: str) -> ov.Model:
+    try:
+        return core().read_model(source)
+    except Exception as exc:
+        raise ModelLoadError(f"OpenVINO cannot read {what}: {_message(exc)}") from None
+
+
+def _message(exc: Exception) -> str:
+    """OpenVINO's messages start with source locations: its last lines say what went wrong."""
+    lines = [line for line in str(exc).splitlines() if line.strip()]
+    return " ".join(lines[-2:]) if lines else type(exc).__name__
+
+
+@dataclass
+class _Port:
+    name: str
+    index: int
+    dtype: np.dtype
+    shape: ov.PartialShape
+
+
+class _Compiled:
+    """One compiled model with its one infer request, its input checks and its output index."""
+
+    def __init__(self, model: ov.Model, options: BackendOptions, precision: Precision, what: str, profile: bool = False):
+        try:
+            self.compiled = core().compile_model(model, DEVICE, compile_config(options, precision, profile))
+        except Exception as exc:
+            raise ModelLoadError(f"OpenVINO cannot compile {what}: {_message(exc)}") from None
+        self.request = self.compiled.create_infer_request()
+        self.inputs: dict[str, _Port] = {}
+        for index, port in enumerate(self.compiled.inputs):
+            spec = _Port(port.any_name, index, np.dtype(port.element_type.to_dtype()), port.partial_shape)
+            for name in port.get_names():
+                self.inputs[name] = spec
+        self.input_names = list(dict.fromkeys(p.name for p in self.inputs.values()))
+        self.outputs: dict[str, int] = {}
+        for index, port in enumerate(self.compiled.outputs):
+            for name in port.get_names():
+                self.outputs.setdefault(name, index)
+
+    def property(self, key):
+        return self.compiled.get_property(key)
+
+    def check(self, feeds: Mapping[str, np.ndarray], output_names: Sequence[str]) -> None:
+        """Refuse inputs the model cannot take (names, types, ranks, fixed dims) before OpenVINO sees them."""
+        unknown = [n for n in feeds if n not in self.inputs]
+        if unknown:
+            raise EngineInputError(f"unknown input(s) {unknown}; the model takes {self.input_names}")
+        given = {self.inputs[n].index for n in feeds}
+        missing = [n for n in self.input_names if self.inputs[n].index not in given]
+        if missing:
+            raise EngineInputError(f"missing input(s) {missing}")
+        for name, array in feeds.items():
+            port = self.inputs[name]
+            if array.dtype != port.dtype:
+                raise EngineInputError(f"input '{name}' has type {array.dtype}, the model expects {port.dtype}")
+            if port.shape.rank.is_static and len(port.shape) != array.ndim:
+                raise EngineInputError(f"input '{name}' has shape {list(array.shape)}, the model expects rank "
+                                       f"{len(port.shape)} ({port.shape})")
+            for axis, (dim, size) in enumerate(zip(port.shape, array.shape)):
+                if dim.is_static and dim.get_length() != size:
+                    raise EngineInputError(f"input '{name}' has shape {list(array.shape)}, the model expects "
+                                           f"{port.shape} (dim {axis} must be {dim.get_length()})")
+        bad = [n for n in output_names if n not in self.outputs]
+        if bad:
+            raise EngineInputError(f"unknown output(s) {bad}")
+
+    def fetch(self, output_names: Sequence[str]) -> list[np.ndarray]:
+        """Copies of the requested outputs: the request's buffers are reused by the next run."""
+        return [self.request.get_output_tensor(self.outputs[n]).data.copy() for n in output_names]
+
+
+# ------------------------------------------------------------------------------------------ profiling
+
+
+def _node_times(request: ov.InferRequest) -> dict[str, tuple[float, object]]:
+    """The request's executed nodes in execution order: name -> (µs, ProfilingInfo)."""
+    return {i.node_name: (i.real_time.total_seconds() * 1e6, i) for i in request.profiling_info
+            if i.status == ov.ProfilingInfo.Status.EXECUTED}
+
+
+@dataclass
+class _Profile:
+    """One profiled compiled model: its runs as they happen, its per-node counters.
+
+    OpenVINO's CPU counters are running averages since compile, in whole µs: there is no per-run reading.
+    They are read after the first run (exact: that run's own times, the cold one) and once at the end; every
+    later run gets the nodes' average over runs 2..N (within 1 µs). Node events are laid end to end from
+    their run's start; `model_run` durations are the measured ones. Per-op totals and averages are right;
+    per-run variation after the first run (min/max per op) is not available.
+    """
+
+    file: Path
+    start_ns: int  # time.monotonic_ns() when profiling started
+    compiled: "_Compiled"
+    runs: list[tuple[float, float, int]] = field(default_factory=list)  # (ts µs, dur µs, thread id)
+    first: dict[str, tuple[float, object]] = field(default_factory=dict)
+
+    def record(self, t0_ns: int, t1_ns: int) -> None:
+        """After each run, under the engine's run lock."""
+        self.runs.append(((t0_ns - self.start_ns) / 1000, (t1_ns - t0_ns) / 1000, threading.get_native_id()))
+        if len(self.runs) == 1:
+            self.first = _node_times(self.compiled.request)
+
+    def events(self) -> tuple[list[dict], list[str]]:
+        if not self.runs:
+            return [], []
+        n = len(self.runs)
+        last = _node_times(self.compiled.request) if n > 1 else self.first
+        later = {name: max((avg * n - self.first.get(name, (0.0,))[0]) / (n - 1), 0.0) if n > 1 else avg
+                 for name, (avg, _) in last.items()}
+        pid = os.getpid()
+        events = []
+        for number, (ts, dur, tid) in enumerate(self.runs):
+            events.append({"cat": "Session", "pid": pid, "tid": tid, "dur": dur, "ts": ts, "ph": "X",
+                           "name": "model_run", "args": {}})
+            offset = 0.0
+            for name, (_, info) in (self.first if number == 0 else last).items():
+                node_us = self.first[name][0] if number == 0 else later[name]
+                events.append({
+                    "cat": "Node", "pid": pid, "tid": tid, "dur": node_us, "ts": ts + min(offset, dur), "ph": "X",
+                    "name": f"{name}_kernel_time",
+                    "args": {"op_name": info.node_type, "provider": PROVIDER, "exec_type": info.exec_type,
+                             "input_type_shape": [], "output_type_shape": []},
+                })
+                offset += node_us
+        return events, list(dict.fromkeys([*self.first, *last]))
+
+    def write(self) -> tuple[Path, list[str]]:
+        """Write the profile; return its path and the executed nodes in execution order."""
+        events, nodes = self.events()
+        self.file.parent.mkdir(parents=True, exist_ok=True)
+        self.file.write_text(json.dumps(events))
+        return self.file, nodes
+
+
+def _profile_file(prefix: Path) -> Path:
+    return Path(f"{prefix}_{time.strftime('%Y-%m-%d_%H-%M-%S')}.json")
+
+
+# ------------------------------------------------------------------------------------------ dynamic engine
+
+
+class OvEngine(Engine):
+    """Dynamic graph mode: the ONNX file compiled once with its dynamic dims kept; one infer request reused."""
+
+    name = "openvino"
+
+    def __init__(self, path: Path, options: BackendOptions):
+        self._path = Path(path)
+        self._options = options
+        self.precision = resolve_precision(options.precision_mode)
+        self._model = _read(str(self._path), str(self._path))
+        self._lock = threading.Lock()  # a run and a swap (profiling on/off) never overlap
+        self._current = self._compile()
+        self._plain: _Compiled | None = None  # the unprofiled model while a profiled one runs
+        self._profile: _Profile | None = None
+
+    def _compile(self, profile: bool = False) -> _Compiled:
+        return _Compiled(self._model, self._options, self.precision, str(self._path), profile)
+
+    def run(self, feeds: Mapping[str, np.ndarray], output_names: Sequence[str]) -> list[np.ndarray]:
+        with self._lock:
+            current = self._current
+            current.check(feeds, output_names)
+            try:
+                for name, array in feeds.items():
+                    tensor = ov.Tensor(np.ascontiguousarray(array), shared_memory=True)
+                    current.request.set_input_tensor(current.inputs[name].index, tensor)
+                t0 = time.monotonic_ns()
+                current.request.infer()
+                t1 = time.monotonic_ns()
+                if self._profile is not None:
+                    self._profile.record(t0, t1)
+                return current.fetch(output_names)
+            except Exception as exc:
+                raise EngineRunError(f"{type(exc).__name__}: {_message(exc)}") from None
+
+    def start_profiling(self, prefix: Path) -> None:
+        profiled = self._compile(profile=True)  # compiled before the swap: requests keep running meanwhile
+        with self._lock:
+            if self._plain is None:
+                self._plain, self._current = self._current, profiled
+                self._profile = _Profile(_profile_file(prefix), time.monotonic_ns(), profiled)
+
+    def stop_profiling(self) -> list[ProfiledSession]:
+        with self._lock:
+            if self._plain is None:
+                return []
+            self._current, self._plain = self._plain, None
+            profile, self._profile = self._profile, None
+        file, nodes = profile.write()
+        return [ProfiledSession(file, "dynamic", "dynamic", profile.start_ns, node_order=nodes)]
+
+    def describe(self) -> str:
+        return _describe(self._current, self.precision, "")
+
+    def close(self) -> None:
+        self._current = self._plain = None
+        self._model = None
+
+
+def _describe(compiled: _Compiled, precision: Precision, extra: str) -> str:
+    running = _short(compiled.property(hints.inference_precision))
+    note = precision.note
+    wanted = _short(precision.hint)
+    if running != wanted:
+        note = (note + "; " if note else "") + f"asked for {wanted}, the CPU plugin runs {running}"
+    return (
+        f"OpenVINO {version()} engine on {DEVICE} ({core().get_property(DEVICE, props.device.full_name)}){extra}: "
+        f"precision={running} (precision_mode={precision.mode}{'; ' + note if note else ''}), "
+        f"threads={compiled.property(props.inference_num_threads)}, streams={compiled.property(props.num_streams)}, "
+        f"hint={compiled.property(hints.performance_mode)}"
+    )
+
+
+# ------------------------------------------------------------------------------------------ static engine
+
+
+class _Bucket:
+    """One compiled shape: its compiled model and input tensors allocated once, bound once."""
+
+    def __init__(self, compiled: _Compiled, shapes: Mapping[str, Sequence[int]]):
+        self.compiled = compiled
+        self.buffers: dict[str, np.ndarray] = {}
+        for name in compiled.input_names:
+            port = compiled.inputs[name]
+            tensor = ov.Tensor(ov.Type(port.dtype), list(shapes[name]))
+            compiled.request.set_input_tensor(port.index, tensor)
+            self.buffers[name] = tensor.data  # a writable view of the tensor's memory
+        self.output_names = [p.any_name for p in compiled.compiled.outputs]
+
+    def run(self, feeds: Mapping[str, np.ndarray], output_names: Sequence[str], profile: _Profile | None):
+        for name, buffer in self.buffers.items():
+            np.copyto(buffer, feeds[name])
+        t0 = time.monotonic_ns()
+        self.compiled.request.infer()
+        t1 = time.monotonic_ns()
+        if profile is not None:
+            profile.record(t0, t1)
+        return self.compiled.fetch(output_names)
+
+
+def _key(shapes: Mapping[str, Sequence[int]]) -> tuple:
+    return tuple(sorted((name, tuple(int(d) for d in shape)) for name, shape in shapes.items()))
+
+
+def _label(shapes: Mapping[str, Sequence[int]]) -> str:
+    return "static " + " ".join(f"{n}:{','.join(map(str, s))}" for n, s in shapes.items())
+
+
+def _reshaped(model: ov.Model, shapes: Mapping[str, Sequence[int]], what: str) -> ov.Model:
+    """The model with its inputs fixed to one bucket's shapes (OpenVINO infers and folds the rest when compiling)."""
+    names = {n for port in model.inputs for n in port.get_names()}
+    missing = [n for n in shapes if n not in names]
+    if missing:
+        raise ModelLoadError(f"{what}: the graph has no input(s) {missing}")
+    try:
+        model.reshape({name: ov.PartialShape([int(d) for d in shape]) for name, shape in shapes.items()})
+    except Exception as exc:
+        raise ModelLoadError(f"OpenVINO cannot reshape {what}: {_message(exc)}") from None
+    return model
+
+
+class OvStaticEngine(Engine):
+    """Static graph mode: one compiled model per compiled shape; a run looks its bucket up by exact input shapes."""
+
+    name = "openvino-static"
+
+    def __init__(self, graphs: Sequence, options: BackendOptions, warmup_runs: int = 1, source: Path | None = None):
+        """`graphs`: one `CompiledGraph` per bucket. With `source` (the original ONNX file) OpenVINO reads it once
+        and reshapes a copy per bucket instead of reading each bucket's graph: the copies share their constants."""
+        self._options = options
+        self.precision = resolve_precision(options.precision_mode)
+        self._graphs = list(graphs)
+        if not self._graphs:
+            raise ModelLoadError("the OpenVINO static engine needs at least one compiled graph")
+        self._shared_source = source is not None
+        if source is not None:
+            base = _read(str(source), str(source))
+            self._models = [_reshaped(base.clone(), g.shapes, f"{source} for {dict(g.shapes)}") for g in self._graphs]
+        else:
+            self._models = [_reshaped(_read(g.model.SerializeToString(), f"the static graph for {dict(g.shapes)}"),
+                                      g.shapes, f"the static graph for {dict(g.shapes)}") for g in self._graphs]
+        self._lock = threading.Lock()  # a run and a swap (profiling on/off) never overlap
+        self._by_shape = self._build()
+        for bucket in self._by_shape.values():
+            for _ in range(warmup_runs):
+                bucket.run({n: np.zeros_like(b) for n, b in bucket.buffers.items()}, bucket.output_names, None)
+        self._plain: dict[tuple, _Bucket] | None = None
+        self._profiles: dict[tuple, _Profile] | None = None
+
+    def _build(self, profile: bool = False) -> dict[tuple, _Bucket]:
+        return {
+            _key(g.shapes): _Bucket(_Compiled(m, self._options, self.precision, f"the static graph for {dict(g.shapes)}",
+                                              profile), g.shapes)
+            for g, m in zip(self._graphs, self._models)
+        }
+
+    def run(self, feeds: Mapping[str, np.ndarray], output_names: Sequence[str]) -> list[np.ndarray]:
+        with self._lock:
+            key = _key({n: a.shape for n, a in feeds.items()})
+            bucket = self._by_shape.get(key)
+            if bucket is None:
+                sent = {n: list(a.shape) for n, a in feeds.items()}
+                compiled = [{n: list(s) for n, s in g.shapes.items()} for g in self._graphs]
+                raise EngineInputError(f"no static graph was compiled for input shapes {sent}; compiled: {compiled}")
+            bucket.compiled.check(feeds, output_names)
+            try:
+                return bucket.run(feeds, output_names, self._profiles[key] if self._profiles else None)
+            except Exception as exc:
+                raise EngineRunError(f"{type(exc).__name__}: {_message(exc)}") from None
+
+    def start_profiling(self, prefix: Path) -> None:
+        profiled = self._build(profile=True)  # compiled before the swap: requests keep running meanwhile
+        with self._lock:
+            if self._plain is None:
+                self._plain, self._by_shape = self._by_shape, profiled
+                start = time.monotonic_ns()
+                self._profiles = {
+                    _key(g.shapes): _Profile(_profile_file(Path(f"{prefix}-static{i}")), start, profiled[_key(g.shapes)].compiled)
+                    for i, g in enumerate(self._graphs, start=1)
+                }
+
+    def stop_profiling(self) -> list[ProfiledSession]:
+        with self._lock:
+            if self._plain is None:
+                return []
+            self._by_shape, self._plain = self._plain, None
+            profiles, self._profiles = self._profiles, None
+        sessions = []
+        for graph in self._graphs:
+            file, nodes = profiles[_key(graph.shapes)].write()
+            # every shape is fixed at compile time: so is every node
+            sessions.append(ProfiledSession(file, "static", _label(graph.shapes), profiles[_key(graph.shapes)].start_ns,
+                                            node_order=nodes, static_nodes=nodes))
+        return sessions
+
+    def describe(self) -> str:
+        first = next(iter(self._by_shape.values())).compiled
+        held = "constants shared, repacked weights per shape" if self._shared_source else "weights held per shape"
+        return _describe(first, self.precision, f" static graph, {len(self._by_shape)} compiled shape(s), {held}")
+
+    def close(self) -> None:
+        self._by_shape.clear()
+        self._plain = None
+        self._models = []
