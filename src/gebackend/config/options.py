@@ -52,6 +52,12 @@ def _name_list(text: str) -> tuple[str, ...]:
     return tuple(part.strip() for part in text.split(",") if part.strip())
 
 
+def _optimizer_list(text: str) -> tuple[str, ...]:
+    """disabled_optimizers: names, or "none" to switch off the defaults (nothing disabled)."""
+    names = _name_list(text)
+    return () if [n.lower() for n in names] in ([], ["none"]) else names
+
+
 def _choice(mapping: Mapping[str, str]) -> Callable[[str], str]:
     def parse(text: str) -> str:
         low = text.strip().lower()
@@ -111,7 +117,11 @@ class BackendOptions:
     engine: str = "onnxruntime"  # "onnxruntime" | "openvino" | "auto" (what is installed and fastest here)
     precision_mode: str = "origin"  # "origin" (exact, as given) | "fp16" | "bf16" | "int8"
     cores_per_instance: int = 0  # CPU cores each instance is pinned to; 0: the machine's cores divided evenly
-    disabled_optimizers: tuple[str, ...] = ()  # ONNX Runtime graph optimizers to switch off, e.g. SkipLayerNormFusion
+    # ONNX Runtime graph optimizers to switch off, e.g. SkipLayerNormFusion. None: the engine's default for the
+    # graph mode (static ORT graphs: SkipLayerNormFusion, see engines/onnxruntime.py); "none": nothing disabled.
+    disabled_optimizers: tuple[str, ...] | None = None
+    pin_instances: str = "auto"  # "auto": pin when the model has several instances or sets cores_per_instance; "on" | "off"
+    allow_spinning: str = "auto"  # ORT intra-op spinning: "auto" (off when pinned instances share cores) | "on" | "off"
 
 
 # key -> (field name, parser). Aliases map several keys onto one field.
@@ -140,7 +150,9 @@ _KEYS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "session.ge.exec.precision_mode_v2": ("precision_mode", _choice(_PRECISIONS)),
     "cores_per_instance": ("cores_per_instance", _non_negative_int),
     "ge.aicoreNum": ("cores_per_instance", _first_int),
-    "disabled_optimizers": ("disabled_optimizers", _name_list),
+    "disabled_optimizers": ("disabled_optimizers", _optimizer_list),
+    "pin_instances": ("pin_instances", _choice({"auto": "auto", **{k: "on" for k in _TRUE}, **{k: "off" for k in _FALSE}})),
+    "allow_spinning": ("allow_spinning", _choice({"auto": "auto", **{k: "on" for k in _TRUE}, **{k: "off" for k in _FALSE}})),
 }
 
 KNOWN_KEYS = frozenset(_KEYS)

@@ -22,6 +22,22 @@ _OPT_LEVELS = {
 }
 
 
+#: Graph optimizers switched off by default in static graph mode on the CPU. With every dim fixed, ORT fuses
+#: Add + LayerNormalization into SkipLayerNormalization, which is slower than the unfused pair on x86 CPUs:
+#: on the BERT-type encoder (hidden 256, 4 layers, batch 8, sequence 32) the static graph ran 3-9% (issue 4's
+#: machine) and up to ~30% (ours; bench/ort_tuning.py) slower than the dynamic one with it, and faster without
+#: it. Dynamic graphs keep symbolic dims, so ORT does not apply that fusion there anyway.
+#: `disabled_optimizers=none` switches the default off; an explicit list replaces it.
+STATIC_CPU_DISABLED_OPTIMIZERS = ("SkipLayerNormFusion",)
+
+
+def disabled_optimizers(options: BackendOptions, static: bool, device: str = "cpu") -> list[str]:
+    """The ORT graph optimizers a session switches off: the user's list, else the default for the graph mode."""
+    if options.disabled_optimizers is not None:
+        return list(options.disabled_optimizers)
+    return list(STATIC_CPU_DISABLED_OPTIMIZERS) if static and device == "cpu" else []
+
+
 def session_options(options: BackendOptions) -> ort.SessionOptions:
     """Translate our options into ONNX Runtime's, as Triton's onnxruntime_backend names them."""
     so = ort.SessionOptions()
@@ -34,7 +50,18 @@ def session_options(options: BackendOptions) -> ort.SessionOptions:
     so.enable_mem_pattern = options.enable_mem_pattern
     so.graph_optimization_level = _OPT_LEVELS[options.graph_optimization_level]
     so.log_severity_level = 3  # errors only: warnings about unused initializers flood the server log
+    if options.allow_spinning != "auto":  # pinned instances sharing cores turn it off (runtime/pinning.py)
+        so.add_session_config_entry("session.intra_op.allow_spinning", "1" if options.allow_spinning == "on" else "0")
     return so
+
+
+def describe_tuning(options: BackendOptions, disabled: Sequence[str]) -> str:
+    """The tuning part of an engine's load line: spinning, disabled optimizers and where they come from."""
+    text = f" allow_spinning={options.allow_spinning}" if options.allow_spinning != "auto" else ""
+    if disabled:
+        origin = "default; disabled_optimizers=none keeps them" if options.disabled_optimizers is None else "disabled_optimizers"
+        text += f" disabled_optimizers={','.join(disabled)} ({origin})"
+    return text
 
 
 class OrtEngine(Engine):
@@ -44,6 +71,7 @@ class OrtEngine(Engine):
         self._options = options
         self._path = path
         self._providers = list(providers)
+        self._disabled = disabled_optimizers(options, static=False)
         self._lock = threading.Lock()  # a run and a session swap (profiling on/off) never overlap
         self._plain: ort.InferenceSession | None = None  # the unprofiled session while a profiling one runs
         self._session = self._new_session()
@@ -54,7 +82,8 @@ class OrtEngine(Engine):
             so.enable_profiling = True
             so.profile_file_prefix = str(profile_prefix)
         try:
-            return ort.InferenceSession(str(self._path), sess_options=so, providers=self._providers)
+            return ort.InferenceSession(str(self._path), sess_options=so, providers=self._providers,
+                                        disabled_optimizers=self._disabled)
         except Exception as exc:
             raise ModelLoadError(f"ONNX Runtime cannot load {self._path}: {exc}") from None
 
@@ -87,6 +116,7 @@ class OrtEngine(Engine):
             f"onnxruntime {ort.__version__} providers={self._session.get_providers()} "
             f"intra_op_threads={o.intra_op_thread_count or 'default'} inter_op_threads={o.inter_op_thread_count or 'default'} "
             f"execution_mode={o.execution_mode} graph_optimization_level={o.graph_optimization_level}"
+            f"{describe_tuning(o, self._disabled)}"
         )
 
     def close(self) -> None:

@@ -11,7 +11,7 @@ provider its graph mode is switched on.
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping, Sequence
 
@@ -29,7 +29,7 @@ from gebackend.engines.base import (
     monotonic_from_wall_ns,
     profiled_node_names,
 )
-from gebackend.engines.onnxruntime import session_options
+from gebackend.engines.onnxruntime import describe_tuning, disabled_optimizers, session_options
 from gebackend.errors import ModelLoadError
 
 SHARE_MIN_BYTES = 1024  # smaller initializers are not worth sharing
@@ -41,6 +41,28 @@ class CompiledGraph:
 
     shapes: Mapping[str, tuple[int, ...]]
     model: onnx.ModelProto
+    # the original file's dim_params at this shape ({"batch": 4, "sequence": 32}), handed to ORT as free
+    # dimension overrides; the specialised graph has none left, so they only matter for what it missed
+    dim_overrides: Mapping[str, int] = field(default_factory=dict)
+
+
+def dim_overrides(signature_inputs, shapes: Mapping[str, Sequence[int]]) -> dict[str, int]:
+    """Each named (dim_param) input dim of the original model at one compiled shape set.
+
+    `signature_inputs`: the original inputs as (name, dims) with str for named dims. A name bound to two
+    different sizes in one shape set is left out (ORT would pin it to one of them).
+    """
+    values: dict[str, int] = {}
+    clashing: set[str] = set()
+    for name, dims in signature_inputs:
+        shape = shapes.get(name)
+        if shape is None:
+            continue
+        for dim, size in zip(dims, shape):
+            if isinstance(dim, str):
+                if values.setdefault(dim, int(size)) != int(size):
+                    clashing.add(dim)
+    return {k: v for k, v in values.items() if k not in clashing}
 
 
 def _static_shape(value: onnx.ValueInfoProto) -> tuple[int, ...] | None:
@@ -143,6 +165,7 @@ class OrtStaticEngine(Engine):
         self._graphs = list(graphs)
         self._lock = threading.Lock()  # a run and a swap of sessions (profiling on/off) never overlap
         self._plain: dict[tuple, _Bound] | None = None  # the unprofiled sessions while profiling
+        self._disabled = disabled_optimizers(options, static=True, device=self.device)
         for graph in graphs:
             bound = self._build(graph)
             self._by_shape[self._key(graph.shapes)] = bound
@@ -155,6 +178,8 @@ class OrtStaticEngine(Engine):
         if profile_prefix is not None:
             so.enable_profiling = True
             so.profile_file_prefix = str(profile_prefix)
+        for name, value in graph.dim_overrides.items():
+            so.add_free_dimension_override_by_name(name, int(value))
         for init in graph.model.graph.initializer:
             if init.ByteSize() < SHARE_MIN_BYTES:
                 continue
@@ -172,7 +197,8 @@ class OrtStaticEngine(Engine):
         if self._options.enable_cuda_graph and profile_prefix is None:
             providers = [_with_graph_capture(p) for p in providers]
         try:
-            session = ort.InferenceSession(graph.model.SerializeToString(), sess_options=so, providers=providers)
+            session = ort.InferenceSession(graph.model.SerializeToString(), sess_options=so, providers=providers,
+                                           disabled_optimizers=self._disabled)
         except Exception as exc:
             raise ModelLoadError(f"ONNX Runtime cannot build the static graph for {dict(graph.shapes)}: {exc}") from None
         return _Bound(session, graph, self.device)
@@ -231,7 +257,7 @@ class OrtStaticEngine(Engine):
             f"onnxruntime {ort.__version__} static graph: {len(self._by_shape)} compiled shape(s), "
             f"providers={first.session.get_providers()}, weights held once ({self.shared_weight_bytes / 2**20:.1f} MiB), "
             f"IOBinding on {self.device}, cuda_graph={'on' if self.device == 'cuda' and o.enable_cuda_graph else 'off'}, "
-            f"intra_op_threads={o.intra_op_thread_count or 'default'}"
+            f"intra_op_threads={o.intra_op_thread_count or 'default'}{describe_tuning(o, self._disabled)}"
         )
 
     def close(self) -> None:
