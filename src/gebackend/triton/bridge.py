@@ -55,6 +55,32 @@ def auto_complete(auto_complete_model_config: Any, pb_utils: Any) -> Any:
     return auto_complete_model_config
 
 
+def _pin(name: str, args: dict, config: dict, options, log):
+    """Pin this instance's process to its CPU set (runtime/pinning.py) and size the engine's threads to it.
+
+    Runs before the engine exists, so the threads it creates inherit the affinity. Returns the options
+    the instance runs with.
+    """
+    from gebackend.runtime.pinning import pin_process, pinned_options, plan_for_instance
+
+    instance = args.get("model_instance_name", f"{name}_0_0")
+    try:
+        plan = plan_for_instance(name, instance, config, options.pin_instances, options.cores_per_instance,
+                                 int(args.get("model_instance_device_id", 0) or 0))
+        if plan is None:
+            return options
+        pin_process(plan.cpus)
+    except (OSError, ValueError) as exc:
+        log.log_warn(f"gebackend: model '{name}' instance '{instance}': not pinned: {exc}")
+        return options
+    pinned, notes = pinned_options(options, plan)
+    message = (f"instance '{instance}': {plan.describe()}; intra_op_threads={pinned.intra_op_thread_count} "
+               f"inter_op_threads={pinned.inter_op_thread_count} allow_spinning={pinned.allow_spinning}")
+    (log.log_warn if plan.note or notes else log.log_info)(
+        f"gebackend: model '{name}': {'; '.join([message, *notes])}")
+    return pinned
+
+
 def _named(model: str, message: str) -> str:
     return message if f"'{model}'" in message else f"model '{model}': {message}"
 
@@ -82,9 +108,10 @@ class ServedModel:
             parsed = _options(name, config)
             if parsed.unknown:
                 log.log_warn(f"gebackend: model '{name}': unknown option(s) ignored: {', '.join(parsed.unknown)}")
-            spec = build_model_spec(config, read_signature(path), path, parsed.options)
-            providers = providers_for(args.get("model_instance_kind", "CPU"), int(args.get("model_instance_device_id", 0)))
             say = lambda m: log.log_info(f"gebackend: model '{name}': {m}")  # noqa: E731
+            options = _pin(name, args, config, parsed.options, log)
+            spec = build_model_spec(config, read_signature(path), path, options)
+            providers = providers_for(args.get("model_instance_kind", "CPU"), int(args.get("model_instance_device_id", 0)))
             executor, how = load_executor(spec, providers, say)
         except GeBackendError as exc:
             raise RuntimeError(_named(name, str(exc))) from None
