@@ -1,0 +1,128 @@
+"""engine=openvino through the real CLI and tritonserver: dynamic and bucketed static models equal ONNX Runtime."""
+
+from __future__ import annotations
+
+import csv
+import re
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+
+pytest.importorskip("openvino")
+
+from gebackend.modelzoo import build_bert, build_resnet  # noqa: E402
+
+from .conftest import BERT_BUCKETS, add_model, params  # noqa: E402
+from .server import start_server  # noqa: E402
+from .test_serving import infer  # noqa: E402
+
+pytestmark = pytest.mark.e2e
+
+ONE_INSTANCE = 'instance_group [ { count: 1, kind: KIND_CPU } ]\n'
+MODELS = {
+    "resnet_ov": ('backend: "ge"\nmax_batch_size: 8\n' + ONE_INSTANCE + params(engine="openvino"), build_resnet),
+    "bert_ov_static": (
+        'backend: "ge"\nmax_batch_size: 4\ndynamic_batching { max_queue_delay_microseconds: 50000 }\n' + ONE_INSTANCE
+        + params(engine="openvino", static_model="1", bucket_paddable_dims="sequence", **BERT_BUCKETS),
+        build_bert,
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def ov_server(tmp_path_factory):
+    repo = tmp_path_factory.mktemp("ov") / "models"
+    sessions = {}
+    for name, (config, build) in MODELS.items():
+        path = add_model(repo, name, config, build())
+        sessions[name] = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    server = start_server(repo, tmp_path_factory.mktemp("ov_logs") / "serve.log",
+                          ["--backend-config", "ge,intra_op_thread_count=2"])
+    yield server, sessions
+    assert server.stop() == 0
+
+
+def assert_equal_to_ort(result, session, feeds):
+    names = [o.name for o in session.get_outputs()]
+    for name, want in zip(names, session.run(names, feeds)):
+        got = result.as_numpy(name)
+        assert got.shape == want.shape, name
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4, err_msg=name)
+
+
+def bert_feeds(rng, rows, length):
+    ids = rng.integers(0, 1000, size=(rows, length), dtype=np.int64)
+    mask = np.ones_like(ids)
+    mask[0, max(1, length - 2):] = 0
+    return {"input_ids": ids, "attention_mask": mask}
+
+
+def test_load_log_says_openvino_f32(ov_server):
+    server, _ = ov_server
+    out = server.output()
+    for name, mode in (("resnet_ov", "dynamic graph"), ("bert_ov_static", "static graph")):
+        line = re.search(rf"model '{name}' instance .* loaded .*", out)
+        assert line, out[-4000:]
+        assert mode in line.group(0) and re.search(r"OpenVINO \S+ engine on CPU", line.group(0)), line.group(0)
+        assert "precision=f32 (precision_mode=origin)" in line.group(0), line.group(0)
+    assert re.search(r"model 'bert_ov_static' instance .* 3 compiled shape\(s\)", out)
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+@pytest.mark.parametrize("batch", [1, 3])
+def test_dynamic_resnet_equals_onnxruntime(ov_server, protocol, batch):
+    server, sessions = ov_server
+    feeds = {"image": np.random.default_rng(batch).standard_normal((batch, 3, 64, 64)).astype(np.float32)}
+    assert_equal_to_ort(infer(server, protocol, "resnet_ov", feeds), sessions["resnet_ov"], feeds)
+
+
+@pytest.mark.parametrize("rows,length", [(1, 16), (1, 9), (2, 30), (4, 32)])
+def test_static_bert_buckets_equal_onnxruntime(ov_server, rows, length):
+    """Padded up to the 1x16, 4x16 or 4x32 bucket and sliced back: equal to onnxruntime on the request alone."""
+    server, sessions = ov_server
+    feeds = bert_feeds(np.random.default_rng(rows * 100 + length), rows, length)
+    assert_equal_to_ort(infer(server, "http", "bert_ov_static", feeds), sessions["bert_ov_static"], feeds)
+
+
+def test_static_bert_under_concurrency(ov_server):
+    """Triton batches concurrent requests of several lengths; every answer still equals onnxruntime."""
+    server, sessions = ov_server
+    rng = np.random.default_rng(7)
+    requests = [bert_feeds(rng, int(rng.integers(1, 3)), int(rng.integers(3, 33))) for _ in range(16)]
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        results = list(pool.map(lambda f: infer(server, "http", "bert_ov_static", f), requests))
+    for result, feeds in zip(results, requests):
+        assert_equal_to_ort(result, sessions["bert_ov_static"], feeds)
+
+
+def test_wrong_shape_is_a_client_error(ov_server):
+    from tritonclient.utils import InferenceServerException
+
+    server, _ = ov_server
+    with pytest.raises(InferenceServerException, match=r"(?i)shape|dim"):
+        infer(server, "http", "resnet_ov", {"image": np.zeros((1, 3, 64), np.float32)})
+    feeds = {"image": np.ones((1, 3, 64, 64), np.float32)}  # the model still serves
+    assert infer(server, "http", "resnet_ov", feeds).as_numpy("logits").shape == (1, 10)
+
+
+def test_profiling_true_with_openvino(tmp_path):
+    """profiling=true on the OpenVINO engine: the capture rendered at shutdown has OpenVINO's per-op rows."""
+    repo, out = tmp_path / "repo", tmp_path / "captures"
+    add_model(repo, "resnet_ov_profiled", 'backend: "ge"\nmax_batch_size: 4\n' + ONE_INSTANCE
+              + params(engine="openvino", profiling="true", profiling_dir=str(out)), build_resnet())
+    server = start_server(repo, tmp_path / "serve.log")
+    try:
+        for i in range(4):
+            feeds = {"image": np.full((1, 3, 64, 64), i, np.float32)}
+            assert infer(server, "http", "resnet_ov_profiled", feeds).as_numpy("logits").shape == (1, 10)
+    finally:
+        assert server.stop() == 0
+    capture = next(out.glob("resnet_ov_profiled/*"))
+    rows = list(csv.DictReader((capture / "op_summary.csv").open()))
+    assert rows and {r["provider"] for r in rows} == {"OpenVINO-CPU"}
+    assert "Convolution" in {r["op_type"] for r in rows}
+    assert max(int(r["calls"]) for r in rows) == 4
+    assert onnx.load(str(repo / "resnet_ov_profiled" / "1" / "model.onnx"))  # the model file is left alone
