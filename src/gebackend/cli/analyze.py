@@ -41,6 +41,11 @@ def add_parser(subparsers) -> None:
                    help="write MODEL with its constant subgraphs folded (input shapes unchanged)")
     p.add_argument("--size-limit", type=_size_limit, default=1 << 20, metavar="BYTES",
                    help="leave folded tensors larger than this unfolded; 'none' folds everything (default: 1 MiB)")
+    p.add_argument("--precision", choices=["int8", "fp16", "bf16"],
+                   help="lower MODEL to this precision and report how far its outputs move from fp32 on a seeded "
+                        "random input (the same check the server logs at load)")
+    p.add_argument("--engine", choices=["onnxruntime", "openvino"], default="onnxruntime",
+                   help="the engine that runs the lowered model for --precision (default: onnxruntime)")
     p.set_defaults(func=run)
 
 
@@ -95,6 +100,9 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
             folded, removed = fix(model, size_limit=args.size_limit)
             _save(folded, args.fix)
             fixed = {"path": str(args.fix), "removed_nodes": removed}
+        precision = None
+        if getattr(args, "precision", None):
+            precision = _precision_report(args.model, args.precision, args.engine, shapes or None)
     except (GeBackendError, ValueError, OSError) as exc:
         print(f"gebackend analyze: {exc}", file=sys.stderr)
         return 2
@@ -105,6 +113,8 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
             result["compiled_shape_sets"] = shape_sets
         if fixed is not None:
             result["fix"] = fixed
+        if precision is not None:
+            result["precision"] = {"mode": args.precision, "engine": args.engine, **precision.to_dict()}
         print(json.dumps(result, indent=2))
         return 0
     print(f"model: {args.model}")
@@ -113,4 +123,35 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
     print(report.format_text())
     if fixed is not None:
         print(f"wrote {args.fix}: folding removed {fixed['removed_nodes']} node(s)")
+    if precision is not None:
+        lines = precision.format_text().splitlines()
+        print(f"precision {args.precision} ({args.engine}) vs fp32: {lines[0]}")
+        for line in lines[1:]:
+            print(line)
     return 0
+
+
+def _precision_report(path: Path, mode: str, engine: str, shapes):
+    """The accuracy report of MODEL lowered to `mode`, as the server logs it at load."""
+    import shutil
+    import tempfile
+
+    from gebackend.compile.accuracy import accuracy_report, random_feeds
+
+    feeds = random_feeds(path, shapes)
+    if engine == "openvino":
+        from gebackend.config.options import BackendOptions
+        from gebackend.engines.openvino import OvEngine
+
+        lowered = OvEngine(path, BackendOptions(engine="openvino", precision_mode=mode))
+        try:
+            return accuracy_report(path, lowered, feeds)
+        finally:
+            lowered.close()
+    from gebackend.compile.precision import lower_precision
+
+    folder = Path(tempfile.mkdtemp(prefix="gebackend-analyze-"))
+    try:
+        return accuracy_report(path, lower_precision(path, mode, folder), feeds)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)

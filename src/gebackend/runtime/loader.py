@@ -1,12 +1,23 @@
-"""Builds what a `ModelSpec` asks for: a dynamic engine, or static graphs compiled per shape behind a bucket router."""
+"""Builds what a `ModelSpec` asks for: a dynamic engine, or static graphs compiled per shape behind a bucket router.
+
+With `precision_mode` int8 or fp16 on ONNX Runtime, the model is lowered first (compile/precision.py) and
+the lowered file is what the engines load, in both graph modes; the same seeded random input then runs
+through the original and the lowered model and the load log says how close they are (compile/accuracy.py).
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import os
+import shutil
+import tempfile
+import weakref
 from pathlib import Path
 from typing import Callable, Sequence
 
 from gebackend.config.spec import ModelSpec
-from gebackend.engines import create_engine, create_static_engine
+from gebackend.engines import create_engine, create_static_engine, engine_name
+from gebackend.errors import GeBackendError
 from gebackend.runtime.buckets import BucketRouter
 from gebackend.runtime.executor import Executor
 from gebackend.runtime.runners import BucketRunner, DynamicRunner
@@ -16,14 +27,72 @@ def load_executor(
     spec: ModelSpec, providers: Sequence = ("CPUExecutionProvider",), log: Callable[[str], None] = lambda m: None
 ) -> tuple[Executor, str]:
     """The executor for a model and one line describing how it runs."""
+    folder: Path | None = None
+    precision = ""
+    if spec.options.precision_mode != "origin" and engine_name(spec.options.engine) == "onnxruntime":
+        folder = _lowered_dir(spec.name)
+        try:
+            spec, precision = _lower(spec, folder, providers, log)
+        except BaseException:
+            shutil.rmtree(folder, ignore_errors=True)
+            raise
+    try:
+        executor, how = _build(spec, providers, log)
+    except BaseException:
+        if folder is not None:
+            shutil.rmtree(folder, ignore_errors=True)
+        raise
+    if folder is not None:
+        weakref.finalize(executor, shutil.rmtree, str(folder), True)  # the engines re-open it to profile
+    return executor, f"{precision}{how}"
+
+
+def _lowered_dir(model: str) -> Path:
+    """A private folder for the lowered model: inside the server's own temp folder when there is one, which
+    `gebackend serve` removes at shutdown even if this process is killed."""
+    from gebackend.server.registry import CONTROL_ENV_VAR
+
+    control = os.environ.get(CONTROL_ENV_VAR)
+    parent = Path(control).parent if control and Path(control).parent.is_dir() else None
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in model)
+    return Path(tempfile.mkdtemp(prefix=f"lowered-{safe}-", dir=parent))
+
+
+def _lower(spec: ModelSpec, folder: Path, providers: Sequence, log: Callable[[str], None]) -> tuple[ModelSpec, str]:
+    """The spec pointing at the lowered model, and the precision part of the load line."""
+    from gebackend.compile.accuracy import accuracy_report, random_feeds
+    from gebackend.compile.precision import lower_precision
+
+    mode = spec.options.precision_mode
+    lowered = lower_precision(spec.path, mode, folder, log)
+    try:
+        feeds = random_feeds(spec.path, spec.static_shapes[0] if spec.static else None)
+        report = accuracy_report(spec.path, lowered, feeds)
+    except GeBackendError as exc:
+        log(f"precision {mode}: no accuracy check: {exc}")
+        return dataclasses.replace(spec, path=lowered), f"precision {mode} (accuracy not checked), "
+    for number, line in enumerate(report.format_text().splitlines()):
+        log(f"precision {mode} vs fp32: {line}" if number == 0 else line)
+    if not report.cosine >= 0.99:
+        log(f"precision {mode}: WARNING cosine similarity {report.cosine:.4f} to fp32 is below 0.99; "
+            f"check the outputs or use precision_mode=origin")
+    return dataclasses.replace(spec, path=lowered), f"precision {mode} (cosine {report.cosine:.6f} to fp32), "
+
+
+def _build(spec: ModelSpec, providers: Sequence, log: Callable[[str], None]) -> tuple[Executor, str]:
     output_names = [t.name for t in spec.outputs]
     if not spec.static:
         engine = create_engine(spec, providers)
         return Executor(spec, DynamicRunner(spec.name, engine, output_names)), f"dynamic graph, {engine.describe()}"
 
     from gebackend.compile.pipeline import compile_static
+    from gebackend.config.onnx_signature import read_signature
+    from gebackend.engines.onnxruntime_static import dim_overrides
 
     graphs, report = compile_static(spec.path, spec.static_shapes, spec.options.fold_size_limit, log)
+    original = [(t.name, t.shape) for t in read_signature(spec.path).inputs]
+    for graph in graphs:
+        graph.dim_overrides = dim_overrides(original, graph.shapes)
     if spec.options.dump_graph:
         _dump(spec, graphs, log)
     for line in report.format_text().splitlines():

@@ -1,0 +1,204 @@
+"""Accuracy of a lowered model: the same seeded random input through the reference and the lowered graph.
+
+`random_feeds` makes the input from the model's signature: floats standard normal; integers small and
+non-negative (below 100, and below the table size where the input indexes a constant Gather, so embedding
+lookups stay in range), all ones for inputs named like a mask; booleans random. Symbolic dims take the
+sizes given, else `batch` for the first dim and `dim` for the others (one size per dim_param name).
+`accuracy_report` runs both models on the CPU and compares every output: max-abs-diff and cosine
+similarity (computed in float64). The load log and `gebackend analyze --precision` print its `format_text()`.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping, Sequence, Union
+
+import numpy as np
+import onnx
+
+from gebackend.config import dtypes
+from gebackend.engines.base import Engine
+from gebackend.errors import ConfigError, ModelLoadError
+
+ModelSource = Union[str, Path, bytes, onnx.ModelProto]
+TOKEN_ID_LIMIT = 100
+
+
+@dataclass(frozen=True)
+class OutputAccuracy:
+    name: str
+    max_abs_diff: float
+    cosine: float
+    reference_max_abs: float  # the scale max_abs_diff is to be read against
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "max_abs_diff": self.max_abs_diff, "cosine": self.cosine,
+                "reference_max_abs": self.reference_max_abs}
+
+
+@dataclass(frozen=True)
+class AccuracyReport:
+    max_abs_diff: float  # the largest over all outputs
+    cosine: float  # the smallest over all outputs
+    per_output: tuple[OutputAccuracy, ...]
+    input_shapes: Mapping[str, tuple[int, ...]]
+    seed: int = 0
+
+    def to_dict(self) -> dict:
+        return {"max_abs_diff": self.max_abs_diff, "cosine": self.cosine, "seed": self.seed,
+                "input_shapes": {k: list(v) for k, v in self.input_shapes.items()},
+                "outputs": [o.to_dict() for o in self.per_output]}
+
+    def summary(self) -> str:
+        shapes = " ".join(f"{n}:{','.join(map(str, s))}" for n, s in self.input_shapes.items())
+        return (f"max_abs_diff={self.max_abs_diff:.3g} cosine={self.cosine:.6f} "
+                f"(seeded random input {shapes}, seed {self.seed})")
+
+    def format_text(self) -> str:
+        lines = [self.summary()]
+        if len(self.per_output) > 1:
+            lines += [f"  {o.name}: max_abs_diff={o.max_abs_diff:.3g} cosine={o.cosine:.6f} "
+                      f"(reference max |x| {o.reference_max_abs:.3g})" for o in self.per_output]
+        return "\n".join(lines)
+
+
+def _load(model: ModelSource) -> onnx.ModelProto:
+    if isinstance(model, onnx.ModelProto):
+        return model
+    if isinstance(model, bytes):
+        return onnx.load_from_string(model)
+    return onnx.load(str(model), load_external_data=False)
+
+
+def _index_limits(model: onnx.ModelProto) -> dict[str, int]:
+    """Inputs used as indices of a Gather over a constant table (directly or through a Cast): the table size."""
+    tables = {init.name: tuple(init.dims) for init in model.graph.initializer}
+    producers_of_cast = {node.output[0]: node.input[0] for node in model.graph.node if node.op_type == "Cast"}
+    limits: dict[str, int] = {}
+    for node in model.graph.node:
+        if node.op_type != "Gather" or len(node.input) < 2 or node.input[0] not in tables:
+            continue
+        axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
+        table = tables[node.input[0]]
+        if not table:
+            continue
+        size = table[axis % len(table)]
+        source = producers_of_cast.get(node.input[1], node.input[1])
+        limits[source] = min(limits.get(source, size), size)
+    return limits
+
+
+def random_feeds(
+    model: ModelSource,
+    shapes: Mapping[str, Sequence[int]] | None = None,
+    seed: int = 0,
+    batch: int = 1,
+    dim: int = 16,
+) -> dict[str, np.ndarray]:
+    """One seeded random input for every graph input (see the module docstring)."""
+    proto = _load(model)
+    shapes = dict(shapes or {})
+    initializers = {init.name for init in proto.graph.initializer}
+    limits = _index_limits(proto)
+    named: dict[str, int] = {}
+    rng = np.random.default_rng(seed)
+    feeds: dict[str, np.ndarray] = {}
+    for value in proto.graph.input:
+        if value.name in initializers:
+            continue
+        tensor = value.type.tensor_type
+        dtype = dtypes.from_onnx(tensor.elem_type).numpy
+        if value.name in shapes:
+            shape = tuple(int(d) for d in shapes[value.name])
+        else:
+            shape_list = []
+            for k, d in enumerate(tensor.shape.dim):
+                if d.HasField("dim_value") and d.dim_value > 0:
+                    shape_list.append(int(d.dim_value))
+                    continue
+                size = batch if k == 0 else dim
+                if d.dim_param:
+                    size = named.setdefault(d.dim_param, size)
+                shape_list.append(size)
+            shape = tuple(shape_list)
+        feeds[value.name] = _random(value.name, shape, np.dtype(dtype), rng, limits.get(value.name, TOKEN_ID_LIMIT))
+    return feeds
+
+
+def _random(name: str, shape: tuple[int, ...], dtype: np.dtype, rng: np.random.Generator, limit: int) -> np.ndarray:
+    if dtype.kind == "f":
+        return rng.standard_normal(shape).astype(dtype)
+    if dtype.kind in "iu":
+        if "mask" in name.lower():
+            return np.ones(shape, dtype=dtype)
+        return rng.integers(0, max(1, min(limit, TOKEN_ID_LIMIT)), size=shape).astype(dtype)
+    if dtype.kind == "b":
+        return rng.integers(0, 2, size=shape).astype(bool)
+    raise ConfigError(f"input '{name}': cannot make a random {dtype} tensor for the accuracy check")
+
+
+def _session(model: ModelSource, providers: Sequence):
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    so.intra_op_num_threads = len(os.sched_getaffinity(0))  # explicit: ORT's default pins its own threads
+    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    source = model.SerializeToString() if isinstance(model, onnx.ModelProto) else (
+        model if isinstance(model, bytes) else str(model))
+    return ort.InferenceSession(source, sess_options=so, providers=list(providers))
+
+
+def compare(name: str, reference: np.ndarray, lowered: np.ndarray) -> OutputAccuracy:
+    a = np.asarray(reference, dtype=np.float64).ravel()
+    b = np.asarray(lowered, dtype=np.float64).ravel()
+    if a.shape != b.shape:
+        raise ModelLoadError(f"output '{name}': the lowered model gives shape {np.shape(lowered)}, "
+                             f"the reference {np.shape(reference)}")
+    if a.size == 0:
+        return OutputAccuracy(name, 0.0, 1.0, 0.0)
+    diff = float(np.max(np.abs(a - b)))
+    na, nb = float(np.linalg.norm(a)), float(np.linalg.norm(b))
+    if na == 0.0 and nb == 0.0:
+        cosine = 1.0
+    elif na == 0.0 or nb == 0.0 or not (math.isfinite(na) and math.isfinite(nb)):
+        cosine = 0.0 if math.isfinite(na) and math.isfinite(nb) else float("nan")
+    else:
+        cosine = float(np.clip(np.dot(a, b) / (na * nb), -1.0, 1.0))
+    return OutputAccuracy(name, diff, cosine, float(np.max(np.abs(a))))
+
+
+def accuracy_report(
+    reference_model: ModelSource,
+    lowered_model: ModelSource | Engine,
+    feeds: Mapping[str, np.ndarray],
+    providers: Sequence = ("CPUExecutionProvider",),
+    seed: int = 0,
+) -> AccuracyReport:
+    """Run both models on `feeds` and compare each output of the reference with the lowered model's.
+
+    The reference runs on ONNX Runtime; the lowered model is an ONNX model (run the same way) or an
+    `Engine` already built with its precision (e.g. OpenVINO with an inference precision hint).
+    """
+    try:
+        reference = _session(reference_model, providers)
+        names = [o.name for o in reference.get_outputs()]
+        expected = reference.run(names, dict(feeds))
+        if isinstance(lowered_model, Engine):
+            got = lowered_model.run(dict(feeds), names)
+        else:
+            got = _session(lowered_model, providers).run(names, dict(feeds))
+    except Exception as exc:
+        raise ModelLoadError(f"accuracy check failed to run: {type(exc).__name__}: {exc}") from None
+    outputs = tuple(compare(n, e, g) for n, e, g in zip(names, expected, got))
+    worst_cosine = min((o.cosine for o in outputs), key=lambda c: (not math.isnan(c), c), default=1.0)
+    return AccuracyReport(
+        max(o.max_abs_diff for o in outputs) if outputs else 0.0,
+        worst_cosine,
+        outputs,
+        {n: tuple(a.shape) for n, a in feeds.items()},
+        seed,
+    )

@@ -1,0 +1,127 @@
+"""Precision pass: lower an fp32 ONNX model to `precision_mode` int8 or fp16 for ONNX Runtime, or refuse bf16.
+
+* int8: onnxruntime's dynamic quantization (`quantize_dynamic`): weights quantized once, activations per
+  run, no calibration data. Weights are QInt8 (activations uint8: MatMulInteger u8s8, the fast path on
+  x86 with VNNI; QUInt8 weights measured slower). Only MatMul and Gemm are quantized by default: ORT's
+  ConvInteger kernel measured ~5x slower than the fp32 Conv on the example ResNet
+  (bench/ort_tuning.py --what precision --model resnet).
+* fp16: `onnxruntime.transformers.float16.convert_float_to_float16(keep_io_types=True)`: inputs and
+  outputs stay fp32, so clients see no difference. ONNX Runtime's CPU provider lacks fp16 kernels for most
+  ops and wraps them in Casts, so on a CPU this is usually slower than fp32; it is for accelerators, or
+  for halving the weights' memory.
+* bf16: ONNX Runtime's CPU provider has no general bf16 path (its bf16 GEMM fast-math mode is Arm-only),
+  so the model does not load; OpenVINO runs bf16 natively on CPUs with AVX512-BF16/AMX.
+
+The lowered model is written to a folder the caller owns and returned as a path: quantization works
+on files, and the engines re-open the file when profiling starts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import time
+from pathlib import Path
+from typing import Callable
+
+import onnx
+
+from gebackend.errors import ModelLoadError
+
+PRECISIONS = ("origin", "fp16", "bf16", "int8")
+INT8_OP_TYPES = ("MatMul", "Gemm")
+
+_BF16_REFUSAL = (
+    "precision_mode=bf16 is not available with engine=onnxruntime: ONNX Runtime's CPU provider has no bf16 "
+    "kernels (its bf16 fast-math GEMM is for Arm CPUs only). Use engine=openvino, which runs bf16 natively on "
+    "CPUs with AVX512-BF16/AMX, or precision_mode=int8 (dynamic quantization) or fp16 with onnxruntime."
+)
+
+
+@contextlib.contextmanager
+def _quiet():
+    """onnxruntime's quantizer logs through the root logger ("consider pre-processing") and may print."""
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(logging.ERROR)
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            yield
+    finally:
+        root.setLevel(level)
+
+
+def _large(path: Path) -> bool:
+    """Models whose file (or external data) approaches protobuf's 2 GiB limit are saved with external data."""
+    size = path.stat().st_size + sum(p.stat().st_size for p in path.parent.glob(f"{path.name}.data"))
+    return size >= onnx.checker.MAXIMUM_PROTOBUF // 2
+
+
+def _count(model: onnx.ModelProto, op_types: tuple[str, ...], weighted: bool = False) -> int:
+    """Nodes of these types; with `weighted`, only those with a constant (initializer) input."""
+    constants = {init.name for init in model.graph.initializer} if weighted else set()
+    return sum(1 for node in model.graph.node
+               if node.op_type in op_types and (not weighted or any(i in constants for i in node.input)))
+
+
+def check_supported(mode: str, engine: str = "onnxruntime") -> None:
+    """Refuse a precision this engine cannot run, before any work is done."""
+    if mode not in PRECISIONS:
+        raise ModelLoadError(f"precision_mode={mode!r}: expected one of {', '.join(PRECISIONS)}")
+    if mode == "bf16" and engine == "onnxruntime":
+        raise ModelLoadError(_BF16_REFUSAL)
+
+
+def lower_precision(
+    path: Path,
+    mode: str,
+    out_dir: Path,
+    log: Callable[[str], None] = lambda message: None,
+    int8_op_types: tuple[str, ...] = INT8_OP_TYPES,
+) -> Path:
+    """The model at `path` lowered to `mode`, written under `out_dir`; `path` itself for origin."""
+    check_supported(mode)
+    if mode == "origin":
+        return path
+    out_dir.mkdir(parents=True, exist_ok=True)
+    out = out_dir / f"{path.stem}.{mode}.onnx"
+    started = time.perf_counter()
+    try:
+        if mode == "int8":
+            _int8(path, out, int8_op_types, log)
+        else:
+            _fp16(path, out)
+    except ModelLoadError:
+        raise
+    except Exception as exc:
+        raise ModelLoadError(f"precision_mode={mode}: lowering {path.name} failed: {type(exc).__name__}: {exc}") from None
+    log(f"precision {mode}: lowered {path.name} in {time.perf_counter() - started:.2f}s")
+    return out
+
+
+def _int8(path: Path, out: Path, op_types: tuple[str, ...], log: Callable[[str], None]) -> None:
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    before = onnx.load(str(path), load_external_data=False)
+    candidates = _count(before, op_types, weighted=True)
+    with _quiet():
+        quantize_dynamic(
+            str(path), str(out), op_types_to_quantize=list(op_types), weight_type=QuantType.QInt8,
+            use_external_data_format=_large(path),
+        )
+    after = onnx.load(str(out), load_external_data=False)
+    quantized = _count(after, ("MatMulInteger", "ConvInteger", "DynamicQuantizeMatMul", "QGemm", "MatMulIntegerToFloat"))
+    log(f"precision int8: dynamic quantization (QInt8 weights, uint8 activations) of {', '.join(op_types)}: "
+        f"{quantized} of {candidates} node(s) with constant weights quantized"
+        + ("; none had constant weights, the model runs as fp32" if quantized == 0 else ""))
+
+
+def _fp16(path: Path, out: Path) -> None:
+    from onnxruntime.transformers.float16 import convert_float_to_float16
+
+    large = _large(path)
+    model = onnx.load(str(path))
+    with _quiet():
+        lowered = convert_float_to_float16(model, keep_io_types=True, disable_shape_infer=large)
+    onnx.save_model(lowered, str(out), save_as_external_data=large, location=f"{out.name}.data")
