@@ -1,0 +1,175 @@
+"""Pinned instances and precision modes, end to end: each instance's stub process affinity, read from /proc.
+
+A server of its own: a model with two CPU instances (pinned by default), the same with pinning off, one
+with more instances than this machine has cores (they share, and the log says so), an int8 static model
+and a bf16 model ONNX Runtime refuses.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+from gebackend.modelzoo import build_bert
+from gebackend.runtime.pinning import format_cpu_list, parse_cpu_list, plan_cpus, usable_cpus
+
+from .conftest import BERT_BUCKETS, add_model, params
+from .server import start_server
+from .test_serving import infer
+
+pytestmark = pytest.mark.e2e
+
+USABLE = usable_cpus()  # the server inherits the test's affinity
+SHARED_COUNT = len(USABLE) + 1  # one instance more than cores: some must share
+
+MODELS = {
+    "pinned": 'backend: "ge"\nmax_batch_size: 4\ninstance_group [ { count: 2, kind: KIND_CPU } ]\n',
+    "unpinned": 'backend: "ge"\nmax_batch_size: 4\ninstance_group [ { count: 2, kind: KIND_CPU } ]\n'
+                + params(pin_instances="off"),
+    "crowded": f'backend: "ge"\nmax_batch_size: 4\ninstance_group [ {{ count: {SHARED_COUNT}, kind: KIND_CPU }} ]\n',
+    "int8_static": 'backend: "ge"\nmax_batch_size: 4\n' + params(
+        static_model="1", bucket_paddable_dims="sequence", precision_mode="int8", **BERT_BUCKETS),
+    "bf16": 'backend: "ge"\nmax_batch_size: 4\n' + params(**{"session.ge.exec.precision_mode_v2": "bf16"}),
+}
+
+
+@pytest.fixture(scope="module")
+def pinning_server(tmp_path_factory):
+    repo = tmp_path_factory.mktemp("pinning") / "models"
+    model = build_bert()
+    for name, config in MODELS.items():
+        add_model(repo, name, config, model)
+    running = start_server(repo, repo.parent / "serve.log")
+    yield running, repo
+    running.stop()
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        if int(stat[stat.rindex(")") + 2:].split()[1]) == pid:
+            found.append(int(entry.name))
+    return found
+
+
+def _descendants(pid: int) -> list[int]:
+    out, todo = [], [pid]
+    while todo:
+        kids = _children(todo.pop())
+        out += kids
+        todo += kids
+    return out
+
+
+def _cmdline(pid: int) -> list[str]:
+    try:
+        return (Path("/proc") / str(pid) / "cmdline").read_bytes().decode(errors="replace").split("\0")
+    except OSError:
+        return []
+
+
+def stub_affinities(server, model: str) -> dict[str, tuple[int, ...]]:
+    """Instance name -> CPUs allowed, for each stub process of `model` under this server's tritonserver."""
+    tritons = [p for p in _descendants(server.process.pid) if Path(_cmdline(p)[0]).name == "tritonserver"]
+    assert len(tritons) == 1, tritons
+    found = {}
+    for pid in _children(tritons[0]):
+        args = _cmdline(pid)
+        if not args or Path(args[0]).name != "triton_python_backend_stub":
+            continue
+        names = [a for a in args if re.fullmatch(rf"{re.escape(model)}_\d+_\d+", a)]
+        if names:
+            status = (Path("/proc") / str(pid) / "status").read_text()
+            allowed = re.search(r"^Cpus_allowed_list:\s*(\S+)", status, re.M).group(1)
+            found[names[0]] = parse_cpu_list(allowed)
+    return found
+
+
+def _feeds(batch: int, length: int, seed: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(0, 1000, size=(batch, length), dtype=np.int64)
+    return {"input_ids": ids, "attention_mask": np.ones_like(ids)}
+
+
+def _reference(repo: Path, feeds):
+    session = ort.InferenceSession(str(repo / "pinned" / "1" / "model.onnx"), providers=["CPUExecutionProvider"])
+    names = [o.name for o in session.get_outputs()]
+    return dict(zip(names, session.run(names, feeds)))
+
+
+def test_two_instances_get_disjoint_cpu_sets_covering_the_cores(pinning_server):
+    server, _ = pinning_server
+    affinity = stub_affinities(server, "pinned")
+    assert sorted(affinity) == ["pinned_0_0", "pinned_0_1"], affinity
+    first, second = set(affinity["pinned_0_0"]), set(affinity["pinned_0_1"])
+    if len(USABLE) >= 2:
+        assert first and second and not first & second, affinity
+        assert first | second == set(USABLE), affinity
+        assert affinity["pinned_0_0"] == plan_cpus(0, 2, USABLE).cpus
+        assert affinity["pinned_0_1"] == plan_cpus(1, 2, USABLE).cpus
+    out = server.output()
+    for index, name in enumerate(("pinned_0_0", "pinned_0_1")):
+        cpus = format_cpu_list(plan_cpus(index, 2, USABLE).cpus)
+        assert re.search(rf"model 'pinned': instance '{name}': instance {index + 1}/2 pinned to CPU\(s\) {cpus} "
+                         rf"of {format_cpu_list(USABLE)}; intra_op_threads={len(plan_cpus(index, 2, USABLE).cpus)} "
+                         r"inter_op_threads=1", out), out[-4000:]
+
+
+def test_pinning_can_be_switched_off(pinning_server):
+    server, _ = pinning_server
+    affinity = stub_affinities(server, "unpinned")
+    assert len(affinity) == 2 and all(cpus == tuple(sorted(USABLE)) for cpus in affinity.values()), affinity
+    assert "model 'unpinned': instance" not in server.output()
+
+
+def test_more_instances_than_cores_share_round_robin_and_say_so(pinning_server):
+    server, _ = pinning_server
+    affinity = stub_affinities(server, "crowded")
+    assert len(affinity) == SHARED_COUNT, affinity
+    assert all(len(cpus) == 1 for cpus in affinity.values()), affinity
+    assert {c for cpus in affinity.values() for c in cpus} == set(USABLE)
+    out = server.output()
+    assert re.search(rf"model 'crowded': .*{SHARED_COUNT} instances on {len(USABLE)} usable core\(s\): "
+                     r"instances share cores round-robin; this instance shares its core\(s\) with instance\(s\) \d", out)
+    assert re.search(r"model 'crowded': instance 'crowded_0_0': .*allow_spinning=off", out), out[-4000:]
+
+
+@pytest.mark.parametrize("model", ["pinned", "crowded"])
+def test_pinned_instances_answer_correctly(pinning_server, model):
+    server, repo = pinning_server
+    for seed in range(4):  # several requests: more than one instance answers
+        feeds = _feeds(2, 9, seed)
+        got = infer(server, "grpc", model, feeds)
+        for name, want in _reference(repo, feeds).items():
+            np.testing.assert_allclose(got.as_numpy(name), want, rtol=1e-4, atol=1e-5)
+
+
+def test_int8_static_model_serves_close_to_fp32_and_logs_its_accuracy(pinning_server):
+    server, repo = pinning_server
+    out = server.output()
+    assert re.search(r"model 'int8_static': precision int8 vs fp32: max_abs_diff=\S+ cosine=0\.99\d+ "
+                     r"\(seeded random input input_ids:1,16 attention_mask:1,16, seed 0\)", out), out[-4000:]
+    assert re.search(r"model 'int8_static' instance .* precision int8 \(cosine 0\.99\d+ to fp32\), static graph", out)
+    feeds = _feeds(3, 20, 7)
+    got = infer(server, "http", "int8_static", feeds).as_numpy("last_hidden_state")
+    want = _reference(repo, feeds)["last_hidden_state"]
+    cosine = float(np.dot(got.ravel(), want.ravel()) / np.linalg.norm(got) / np.linalg.norm(want))
+    assert cosine >= 0.99, cosine
+
+
+def test_bf16_on_onnxruntime_fails_to_load_pointing_to_openvino(pinning_server):
+    server, _ = pinning_server
+    failed = re.search(r"model 'bf16' failed to load: (.*)", server.output())
+    assert failed, server.output()[-4000:]
+    assert "bf16" in failed.group(1) and "engine=openvino" in failed.group(1)
