@@ -37,6 +37,7 @@ class BenchSettings:
     headline: int = 4
     perf: perf_analyzer.PerfSettings = field(default_factory=perf_analyzer.PerfSettings)
     ceiling: bool = True
+    ceiling_for: Sequence[str] | None = None  # scenarios whose ceiling is measured (None: every ge scenario)
     ceiling_seconds: float = 5.0
     ceiling_warmup: float = 1.0
     out: Path = Path("bench/results")
@@ -181,7 +182,8 @@ class Bench:
         for row in perf.rows:
             self.log(f"bench: {tag}: c={row.concurrency} {row.throughput:.1f} infer/s p50 {row.p50_us / 1000:.2f} ms "
                      f"p99 {row.p99_us / 1000:.2f} ms")
-        if scenario.is_ge and s.ceiling and result["status"] == "ok":
+        wanted = s.ceiling_for is None or scenario.name in s.ceiling_for
+        if scenario.is_ge and s.ceiling and wanted and result["status"] == "ok":
             self._ceiling(result, repo / model.name, path, feeds, model, tag)
         return result
 

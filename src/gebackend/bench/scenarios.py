@@ -8,8 +8,9 @@ The ladder, each rung adding one thing to the one before:
   ge_pinned      + 2 instances, each pinned to its own cores (cores_per_instance) with 1 engine thread
   ge_bf16        + engine=openvino, precision_mode=bf16
   ge_int8        + precision_mode=int8 (ONNX Runtime dynamic quantization)
-Side scenarios: ge_openvino (ge_batching on the OpenVINO engine, fp32) and ge_delay_2ms (ge_dynamic with a
-2 ms max_queue_delay: the low-concurrency batching-delay trap of docs/tuning.md).
+Side scenarios: ge_openvino (ge_batching on the OpenVINO engine, fp32), ge_delay_2ms (ge_dynamic with a
+2 ms max_queue_delay: the low-concurrency batching-delay trap of docs/tuning.md), and ge_dyn_batching /
+ge_dyn_pinned (the batching and pinned rungs on the dynamic graph).
 
 A scenario that needs a feature this installation lacks is reported as "not available" instead of failing.
 """
@@ -70,7 +71,12 @@ def _ladder() -> list[Scenario]:
                        requires=("openvino",))
     delay = replace(dynamic, name="ge_delay_2ms", title="ge dynamic + 2 ms max_queue_delay (no preferred sizes)",
                     max_queue_delay_us=2000)
-    return [naive, dynamic, static, batching, pinned, bf16, int8, openvino, delay]
+    # The same rungs on the dynamic graph, for models whose static compile fails or does not pay.
+    dyn_batching = replace(dynamic, name="ge_dyn_batching", title="ge dynamic + dynamic batching (preferred 2/4/8, 100 us delay)",
+                           preferred_batch_sizes=(2, 4, 8), max_queue_delay_us=100)
+    dyn_pinned = replace(dyn_batching, name="ge_dyn_pinned", title="ge dynamic + batching + 2 pinned instances x 1 core",
+                         instances=2, cores_per_instance=1, intra_op_threads=1, requires=("pinning",))
+    return [naive, dynamic, static, batching, pinned, bf16, int8, openvino, delay, dyn_batching, dyn_pinned]
 
 
 SCENARIOS: dict[str, Scenario] = {s.name: s for s in _ladder()}

@@ -40,6 +40,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("--max-trials", type=int, help="perf_analyzer -r (default 6; quick 4)")
     p.add_argument("--protocol", choices=("grpc", "http"), help="perf_analyzer -i (default grpc)")
     p.add_argument("--no-ceiling", action="store_true", help="skip the in-process ceiling")
+    p.add_argument("--ceiling-for", type=_names, metavar="SCENARIOS",
+                   help="measure the in-process ceiling only for these scenarios (default: every ge scenario)")
     p.add_argument("--ceiling-seconds", type=float, help="in-process measurement per level (default 5; quick 2)")
     p.add_argument("--out", type=Path, default=Path("bench/results"), help="results go to OUT/<timestamp>/")
     p.add_argument("--cache", type=Path, default=Path("bench/models"), help="exported models are kept here")
@@ -68,7 +70,7 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
                                  max_trials=args.max_trials, protocol=args.protocol).items() if v is not None},
     )
     overrides = dict(models=args.models, scenarios=args.scenarios, concurrency=args.concurrency, headline=args.headline,
-                     ceiling_seconds=args.ceiling_seconds)
+                     ceiling_seconds=args.ceiling_seconds, ceiling_for=args.ceiling_for)
     settings = replace(base, perf=perf, out=args.out, cache=args.cache, ceiling=not args.no_ceiling,
                        **{k: v for k, v in overrides.items() if v is not None})
     try:
