@@ -1,46 +1,247 @@
-"""The server's life: clean shutdown leaves nothing behind, and a server that cannot start says why, fast."""
+"""The server's life: start-up failures say why, fast; a stop drains in-flight requests, exits 0 and leaves nothing behind."""
 
 from __future__ import annotations
 
+import http.client
+import os
+import signal
 import socket
 import subprocess
+import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import psutil
 import pytest
+import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
-from gebackend.modelzoo import build_add_mul
+from gebackend.modelzoo import build_add_mul, build_bert
 
-from .conftest import ADD_MUL_CONFIG, add_model
-from .server import GEBACKEND, free_port, start_server
+from .conftest import ADD_MUL_CONFIG, BERT_BUCKETS, add_model, params
+from .server import GEBACKEND, RunningServer, free_port, start_server
 
 pytestmark = pytest.mark.e2e
 
+# Dynamic batching that holds a lone request ~3 s in the queue waiting for company: an in-flight request
+# that costs no CPU.
+QUEUED_CONFIG = """
+backend: "ge"
+max_batch_size: 16
+dynamic_batching { preferred_batch_size: [ 16 ] max_queue_delay_microseconds: 3000000 }
+"""
 
-def ours_in_shm() -> set[str]:
-    return {p.name for p in Path("/dev/shm").glob("gebackend*")}
+
+@dataclass
+class Footprint:
+    """Everything one `gebackend serve` made: its processes, its temp folder and the prefix of its /dev/shm regions."""
+
+    processes: list[psutil.Process]
+    workdir: Path
+    shm_prefix: str
+
+    @classmethod
+    def of(cls, server: RunningServer) -> "Footprint":
+        children = psutil.Process(server.process.pid).children(recursive=True)
+        triton = next(p for p in children if p.name() == "tritonserver")
+        args = triton.cmdline()
+        backends = next(a.split("=", 1)[1] for a in args if a.startswith("--backend-directory="))
+        prefix = next(a.split("shm-region-prefix-name=", 1)[1] for a in args if "shm-region-prefix-name=" in a)
+        return cls(children, Path(backends).parent, prefix)
+
+    def shm(self) -> list[str]:
+        return sorted(p.name for p in Path("/dev/shm").glob(f"{self.shm_prefix}*"))
+
+    def leftovers(self) -> list[str]:
+        alive = [f"{p.name()} (pid {p.pid})" for p in self.processes if _running(p)]
+        folder = [str(self.workdir)] if self.workdir.exists() else []
+        return alive + folder + self.shm()
+
+
+def _running(process: psutil.Process) -> bool:
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def stub_of(server: RunningServer, instance: str) -> psutil.Process:
+    triton = next(p for p in psutil.Process(server.process.pid).children() if p.name() == "tritonserver")
+    return next(p for p in triton.children() if instance in p.cmdline())
+
+
+def add_mul_request(module, value: float):
+    inputs = []
+    for name in ("x", "y"):
+        tensor = module.InferInput(name, [1, 4], "FP32")
+        tensor.set_data_from_numpy(np.full((1, 4), value, np.float32))
+        inputs.append(tensor)
+    return inputs
+
+
+def stop_with(server: RunningServer, sig: int, timeout: float = 90) -> tuple[int, float]:
+    started = time.monotonic()
+    server.process.send_signal(sig)
+    code = server.process.wait(timeout=timeout)
+    return code, time.monotonic() - started
 
 
 def test_clean_shutdown_leaves_no_shm_or_temp_folders(tmp_path):
     repo = tmp_path / "repo"
     add_model(repo, "add_mul", ADD_MUL_CONFIG, build_add_mul())
-    shm_before = ours_in_shm()
-    temp_before = set(Path("/tmp").glob("gebackend-*"))
     server = start_server(repo, tmp_path / "serve.log")
+    footprint = Footprint.of(server)
     client = httpclient.InferenceServerClient(server.http_url)
-    x = httpclient.InferInput("x", [1, 4], "FP32")
-    x.set_data_from_numpy(np.ones((1, 4), np.float32))
-    y = httpclient.InferInput("y", [1, 4], "FP32")
-    y.set_data_from_numpy(np.ones((1, 4), np.float32))
-    np.testing.assert_array_equal(client.infer("add_mul", [x, y]).as_numpy("sum"), np.full((1, 4), 2, np.float32))
-    assert ours_in_shm() - shm_before, "the server should hold shm regions while running"
-    client.close()  # an open keep-alive connection holds Triton's shutdown until --exit-timeout
+    result = client.infer("add_mul", add_mul_request(httpclient, 1.0))
+    np.testing.assert_array_equal(result.as_numpy("sum"), np.full((1, 4), 2, np.float32))
+    assert footprint.shm(), "the server should hold shm regions while running"
+    client.close()
     assert server.stop() == 0, server.output()[-3000:]
-    assert ours_in_shm() - shm_before == set()
-    assert set(Path("/tmp").glob("gebackend-*")) - temp_before == set()
-    assert "gebackend: stopped" in server.output()
+    assert footprint.leftovers() == []
+    assert "gebackend: stopped cleanly" in server.output()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_signal_drains_in_flight_requests_then_exits_0(tmp_path, sig):
+    repo = tmp_path / "repo"
+    add_model(repo, "queued", QUEUED_CONFIG, build_add_mul())
+    server = start_server(repo, tmp_path / "serve.log")
+    footprint = Footprint.of(server)
+    answers: dict[str, object] = {}
+
+    def send(protocol: str, value: float) -> None:
+        module = httpclient if protocol == "http" else grpcclient
+        client = module.InferenceServerClient(server.http_url if protocol == "http" else server.grpc_url)
+        try:
+            answers[f"{protocol}{value}"] = client.infer("queued", add_mul_request(module, value)).as_numpy("sum")
+        except Exception as exc:
+            answers[f"{protocol}{value}"] = exc
+        finally:
+            client.close()
+
+    threads = [threading.Thread(target=send, args=(p, v)) for p, v in (("http", 1.0), ("grpc", 2.0), ("http", 3.0))]
+    for thread in threads:
+        thread.start()
+    time.sleep(0.8)  # all three wait in the batcher's queue (3 s)
+    code, seconds = stop_with(server, sig)
+    for thread in threads:
+        thread.join(10)
+    out = server.output()
+    assert code == 0, out[-3000:]
+    for key, value in answers.items():
+        assert not isinstance(value, Exception), (key, value)
+        np.testing.assert_array_equal(value, np.full((1, 4), 2 * float(key[4:]), np.float32))
+    assert len(answers) == 3
+    assert "gebackend: every in-flight request finished" in out and "gebackend: stopped cleanly" in out
+    assert 1.5 < seconds < 20, seconds  # it waited for the queued requests, not for the 30 s exit timeout
+    assert footprint.leftovers() == []
+
+
+def test_idle_keep_alive_connections_do_not_hold_the_stop(tmp_path):
+    """Fact (Triton 2.51): an idle keep-alive HTTP connection holds Triton's exit until --exit-timeout-secs, then it
+    exits 1. Every request has finished by then, so the CLI ends it after a short grace and exits 0."""
+    repo = tmp_path / "repo"
+    add_model(repo, "add_mul", ADD_MUL_CONFIG, build_add_mul())
+    server = start_server(repo, tmp_path / "serve.log", ["--exit-timeout", "30"])
+    footprint = Footprint.of(server)
+    idle_http = http.client.HTTPConnection("127.0.0.1", server.http_port, timeout=60)
+    idle_http.request("GET", "/v2/health/ready")
+    assert idle_http.getresponse().read() == b""
+    idle_grpc = grpcclient.InferenceServerClient(server.grpc_url)
+    idle_grpc.infer("add_mul", add_mul_request(grpcclient, 1.0))
+    try:
+        code, seconds = stop_with(server, signal.SIGTERM)
+    finally:
+        idle_http.close()
+        idle_grpc.close()
+    out = server.output()
+    assert code == 0, out[-3000:]
+    assert seconds < 20, seconds
+    assert "with no request left to finish; ended it" in out and "HTTP service connections" in out, out[-2000:]
+    assert footprint.leftovers() == []
+
+
+@pytest.mark.parametrize("healing", [True, False], ids=["self-healing", "no-self-healing"])
+def test_stop_right_after_a_stub_was_killed_is_clean(tmp_path, healing):
+    """A request has met the dead stub (so Triton 2.51 can never unload that model) and the stop comes at once."""
+    repo = tmp_path / "repo"
+    add_model(repo, "add_mul", ADD_MUL_CONFIG, build_add_mul())
+    add_model(repo, "other", ADD_MUL_CONFIG, build_add_mul())
+    server = start_server(repo, tmp_path / "serve.log", [] if healing else ["--no-self-healing"])
+    footprint = Footprint.of(server)
+    stub_of(server, "add_mul_0").kill()
+    client = httpclient.InferenceServerClient(server.http_url)
+    with pytest.raises(Exception, match="not healthy"):
+        client.infer("add_mul", add_mul_request(httpclient, 1.0))
+    client.close()
+    code, seconds = stop_with(server, signal.SIGTERM)
+    out = server.output()
+    assert code == 0, out[-3000:]
+    assert seconds < 25, seconds
+    assert "gebackend: stopped cleanly" in out
+    assert footprint.leftovers() == [], out[-2000:]
+
+
+def test_the_exit_timeout_bounds_the_drain(tmp_path):
+    repo = tmp_path / "repo"
+    add_model(repo, "queued", QUEUED_CONFIG, build_add_mul())
+    server = start_server(repo, tmp_path / "serve.log", ["--exit-timeout", "1"])
+    footprint = Footprint.of(server)
+    failed = []
+
+    def send() -> None:
+        client = httpclient.InferenceServerClient(server.http_url, connection_timeout=30, network_timeout=30)
+        try:
+            client.infer("queued", add_mul_request(httpclient, 1.0))
+        except Exception as exc:
+            failed.append(exc)
+        finally:
+            client.close()
+
+    thread = threading.Thread(target=send)
+    thread.start()
+    time.sleep(0.5)
+    code, seconds = stop_with(server, signal.SIGTERM)
+    thread.join(30)
+    out = server.output()
+    assert code == 1, out[-3000:]
+    assert seconds < 2.5, seconds  # the request alone would have needed 3 s
+    assert "requests to queued were still running after --exit-timeout 1s; they were cut off" in out
+    assert failed, "the cut-off request cannot have succeeded"
+    assert footprint.leftovers() == []
+
+
+def test_ctrl_c_while_models_load_stops_at_once(tmp_path):
+    """Static compilation of a bucketed model takes seconds: a Ctrl-C then is obeyed, not held until ready."""
+    repo = tmp_path / "repo"
+    add_model(repo, "bert_buckets", 'backend: "ge"\nmax_batch_size: 4\n' + params(
+        static_model="1", bucket_paddable_dims="sequence", **BERT_BUCKETS), build_bert())
+    log = tmp_path / "serve.log"
+    with open(log, "w") as out:
+        process = subprocess.Popen(
+            GEBACKEND + ["serve", str(repo), "--http-port", str(free_port()), "--grpc-port", str(free_port()),
+                         "--metrics-port", str(free_port())],
+            stdout=out, stderr=subprocess.STDOUT, env=dict(os.environ, PYTHONUNBUFFERED="1"),
+        )
+    deadline = time.monotonic() + 60
+    stubs: list[psutil.Process] = []
+    while time.monotonic() < deadline and not stubs:
+        stubs = [p for p in psutil.Process(process.pid).children(recursive=True) if p.name() == "triton_python_backend_stub"]
+        time.sleep(0.05)
+    assert stubs, log.read_text()[-2000:]
+    processes = psutil.Process(process.pid).children(recursive=True)
+    workdirs = {Path(a.split("=", 1)[1]).parent for p in processes if p.name() == "tritonserver"
+                for a in p.cmdline() if a.startswith("--backend-directory=")}
+    process.send_signal(signal.SIGINT)
+    code = process.wait(timeout=30)
+    text = log.read_text()
+    assert code == 0, text[-3000:]
+    assert "gebackend: stopping before the server was ready" in text or "gebackend: stopped cleanly" in text
+    assert [p.pid for p in processes if _running(p)] == []
+    assert all(not folder.exists() for folder in workdirs)
+    assert not list(Path("/dev/shm").glob(f"gebackend{process.pid}x*"))
 
 
 def test_port_in_use_fails_fast_with_reason(tmp_path):

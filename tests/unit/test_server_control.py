@@ -247,3 +247,14 @@ def test_watchdog_thread_survives_a_failing_check():
     assert done.wait(5)
     dog.stop()
     assert any("watchdog: check failed: OSError: no /proc" in line for line in said)
+
+
+def test_watchdog_with_healing_off_only_reports():
+    dog, repo, said = watchdog_with({"m": "READY"})
+    dog.heal, dog.why_not = False, "--no-self-healing"
+    dog.table.now = [stub(1, "m_0")]
+    dog.check()
+    dog.table.now = []
+    assert dog.check() == [] and repo.calls == []
+    assert dog.unrestored == {"m"}
+    assert any("not reloading it (--no-self-healing)" in line for line in said)

@@ -80,18 +80,14 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
     watchdog = _start_watchdog(server, args)
     while not stop.is_set():
         if server.process.poll() is not None:
-            if watchdog is not None:
-                watchdog.stop()
+            watchdog.stop()
             code = server.stop()
             print(f"gebackend: tritonserver exited unexpectedly with code {code}", file=sys.stderr)
             return code or 1
         stop.wait(0.5)
     print("gebackend: stopping: finishing in-flight requests, refusing new ones", flush=True)
-    broken: set[str] = set()
-    if watchdog is not None:
-        watchdog.stop()
-        broken = watchdog.broken_models()
-    result = server.shutdown(broken=broken)
+    watchdog.stop()
+    result = server.shutdown(broken=watchdog.broken_models())
     return _report_shutdown(result, settings.exit_timeout)
 
 
@@ -99,13 +95,16 @@ def _say(message: str) -> None:
     print(f"gebackend: {message}", flush=True)
 
 
-def _start_watchdog(server: TritonServer, args: argparse.Namespace) -> Watchdog | None:
+def _start_watchdog(server: TritonServer, args: argparse.Namespace) -> Watchdog:
+    """Self-healing, or (when off or impossible) a watchdog that only reports dead stubs."""
+    why_not = ""
     if args.no_self_healing:
-        return None
-    if not server.control.can_reload:
-        _say(f"self-healing is off: it needs --model-control-mode=explicit (this server runs '{server.control.mode}')")
-        return None
-    return Watchdog(server.process.pid, server, _say, interval=args.watch_interval).start()
+        why_not = "--no-self-healing"
+    elif not server.control.can_reload:
+        why_not = f"self-healing needs --model-control-mode=explicit, this server runs '{server.control.mode}'"
+        _say(f"self-healing is off: {why_not}")
+    return Watchdog(server.process.pid, server, _say, interval=args.watch_interval, heal=not why_not,
+                    why_not=why_not).start()
 
 
 def _report_shutdown(result: Shutdown, exit_timeout: int) -> int:
@@ -116,11 +115,11 @@ def _report_shutdown(result: Shutdown, exit_timeout: int) -> int:
     if drain is not None and drain.complete:
         _say(f"every in-flight request finished ({drain.seconds:.1f}s)")
     elif drain is not None and drain.busy:
-        _say(f"requests to {', '.join(drain.busy)} were still running after --exit-timeout {exit_timeout}s "
-             "and were cut off")
+        _say(f"requests to {', '.join(drain.busy)} were still running after --exit-timeout {exit_timeout}s; "
+             "they were cut off")
     elif drain is not None:
         _say(f"could not drain through the model-repository API ({drain.error}); left it to tritonserver")
-    if not result.exited_by_itself:
+    if not result.exited_by_itself and (drain is None or not drain.busy):
         what = f" (it said: found {result.waiting_on})" if result.waiting_on else ""
         _say(f"tritonserver was still waiting{what} with no request left to finish; ended it")
     if result.clean:

@@ -318,7 +318,7 @@ class TritonServer:
             return Drain(False, [], time.monotonic() - started, str(exc))
         return Drain(not busy, sorted(busy), time.monotonic() - started, broken=sorted(broken))
 
-    def shutdown(self, grace: float = 5.0, broken: set[str] = frozenset()) -> "Shutdown":
+    def shutdown(self, grace: float = 3.0, broken: set[str] = frozenset()) -> "Shutdown":
         """Stop in order: drain (bounded by the exit timeout), SIGTERM, clean up. Never leaves a process or region behind.
 
         Fact (tritonserver 2.51): after SIGTERM Triton waits, up to --exit-timeout-secs, for every client
@@ -338,8 +338,11 @@ class TritonServer:
                 waiting.append(what)
 
         self.watch_lines(note)
-        # After a drain (finished, or out of time with requests still running) only `grace` is left to give.
-        wait = grace if drain is not None and (drain.complete or drain.busy) else self.settings.exit_timeout + 15
+        if drain is not None and drain.busy:  # out of time with requests still running: the bound is the bound
+            self._kill_group()
+            return Shutdown(self._finish(self.process.wait()), drain, False, None)
+        # After a finished drain nothing is left to wait for but Triton's own exit; without one, Triton drains.
+        wait = grace if drain is not None and drain.complete else self.settings.exit_timeout + 15
         self.process.send_signal(signal.SIGTERM)
         try:
             code = self.process.wait(timeout=wait)

@@ -160,6 +160,8 @@ class Watchdog:
         say: Callable[[str], None],
         interval: float = 1.0,
         stable_after: float = 60.0,
+        heal: bool = True,
+        why_not: str = "",
     ):
         self.table = ProcessTable(server_pid)
         self.tracker = StubTracker()
@@ -167,6 +169,8 @@ class Watchdog:
         self.say = say
         self.interval = interval
         self.stable_after = stable_after  # a model that ran this long since its last restore starts afresh
+        self.heal = heal  # False: only notice and report (self-healing off, or impossible in this mode)
+        self.why_not = why_not
         self.restores: dict[str, int] = {}  # model -> restores done
         self.unrestored: set[str] = set()  # models that lost a stub and are not serving from fresh ones (yet)
         self._failures: dict[str, tuple[int, float]] = {}  # model -> (consecutive deaths, when restored)
@@ -213,6 +217,10 @@ class Watchdog:
             if states.get(model) != "READY":
                 continue  # being unloaded or reloaded on purpose: its stubs end normally
             self.unrestored.add(model)
+            if not self.heal:
+                self.say(f"model '{model}': stub process of instance {what} died; not reloading it ({self.why_not}): "
+                         "requests to it fail until it is reloaded")
+                continue
             if self._stop.is_set():
                 return restored
             self.say(f"model '{model}': stub process of instance {what} died; reloading the model")
