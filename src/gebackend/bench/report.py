@@ -144,6 +144,7 @@ def plot(summary: Mapping, out_dir: Path, wanted: int = 4) -> list[Path]:
                 ceil = res["ceiling"]
                 ax.plot([r["concurrency"] for r in ceil], [r["throughput"] for r in ceil], "x--", color=color, alpha=0.6,
                         label=f"{res['name']} (in-process)")
+        ax.set_xticks(sorted({int(r["concurrency"]) for res in measured for r in res["rows"]}))
         ax.set_xlabel("concurrency (requests in flight, batch 1 each)")
         ax.set_ylabel("inferences / s")
         ax.set_title(f"{model['name']}: throughput vs concurrency")
@@ -170,6 +171,7 @@ def plot(summary: Mapping, out_dir: Path, wanted: int = 4) -> list[Path]:
             rows = res["rows"]
             right.plot([r["concurrency"] for r in rows], [r["p50_us"] / 1000 for r in rows], "o-", color=f"C{i % 10}", label=f"{res['name']} p50")
             right.plot([r["concurrency"] for r in rows], [r["p99_us"] / 1000 for r in rows], "^:", color=f"C{i % 10}", alpha=0.6)
+        right.set_xticks(sorted({int(r["concurrency"]) for res in measured for r in res["rows"]}))
         right.set_xlabel("concurrency")
         right.set_ylabel("latency (ms): p50 solid, p99 dotted")
         right.set_title("latency vs concurrency")
