@@ -38,7 +38,7 @@ def add_parser(subparsers) -> None:
         "--no-self-healing", action="store_true",
         help="do not reload a model whose backend process died (by default it is noticed within seconds and reloaded)",
     )
-    p.add_argument("--watch-interval", type=float, default=1.0, help=argparse.SUPPRESS)
+    p.add_argument("--watch-interval", type=float, default=0.5, help=argparse.SUPPRESS)
     p.set_defaults(func=run)
 
 

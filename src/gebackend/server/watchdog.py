@@ -8,7 +8,7 @@ loading it again (explicit model-control mode) serves it from fresh stubs. Once 
 the dead stub, that old model version never finishes unloading (the request is never released),
 but the new load does not wait for it.
 
-So once a second the watchdog lists tritonserver's stub children from `/proc` (no extra
+So twice a second the watchdog lists tritonserver's stub children from `/proc` (no extra
 dependency; about a millisecond), remembers which model instance each one serves, and when one is
 gone or a zombie while no other live stub serves that instance, and Triton still calls the model
 READY, it unloads the model and loads it again through the CLI's model-repository access, and
@@ -158,7 +158,7 @@ class Watchdog:
         server_pid: int,
         repository: ModelRepository,
         say: Callable[[str], None],
-        interval: float = 1.0,
+        interval: float = 0.5,
         stable_after: float = 60.0,
         heal: bool = True,
         why_not: str = "",
