@@ -106,6 +106,21 @@ def test_outputs_are_copies(model):
             np.testing.assert_array_equal(a, k)
 
 
+def test_read_only_and_strided_feeds(model):
+    """Triton may hand over read-only or non-contiguous arrays: the engine copies them instead of failing."""
+    engine = OvEngine(model.path, BackendOptions())
+    feeds = feeds_for(model.shapes[-1], np.random.default_rng(7))
+    want = model.ort.run(model.outputs, feeds)
+    odd = {}
+    for name, array in feeds.items():
+        wide = np.repeat(array, 2, axis=-1)[..., ::2]  # the same values, not contiguous
+        assert not wide.flags.c_contiguous
+        wide.setflags(write=False)
+        odd[name] = wide
+    for g, w in zip(engine.run(odd, model.outputs), want):
+        np.testing.assert_allclose(g, w, rtol=RTOL, atol=ATOL)
+
+
 def test_factory_dispatches_to_openvino(model):
     spec = SimpleNamespace(path=model.path, options=BackendOptions(engine="openvino"))
     assert isinstance(create_engine(spec), OvEngine)

@@ -275,6 +275,14 @@ def _profile_file(prefix: Path) -> Path:
 # ------------------------------------------------------------------------------------------ dynamic engine
 
 
+def _shareable(array: np.ndarray) -> np.ndarray:
+    """The array itself where OpenVINO can wrap its memory (C-contiguous, writable), else a C-contiguous copy.
+
+    A tensor made with shared_memory=True does not keep its array alive: the caller must, until the run ends.
+    """
+    return array if array.flags.c_contiguous and array.flags.writeable else np.array(array, order="C")
+
+
 class OvEngine(Engine):
     """Dynamic graph mode: the ONNX file compiled once with its dynamic dims kept; one infer request reused."""
 
@@ -298,9 +306,9 @@ class OvEngine(Engine):
             current = self._current
             current.check(feeds, output_names)
             try:
-                for name, array in feeds.items():
-                    tensor = ov.Tensor(np.ascontiguousarray(array), shared_memory=True)
-                    current.request.set_input_tensor(current.inputs[name].index, tensor)
+                held = {name: _shareable(array) for name, array in feeds.items()}  # alive until the run ends
+                for name, array in held.items():
+                    current.request.set_input_tensor(current.inputs[name].index, ov.Tensor(array, shared_memory=True))
                 t0 = time.monotonic_ns()
                 current.request.infer()
                 t1 = time.monotonic_ns()
