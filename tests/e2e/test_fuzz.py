@@ -18,6 +18,7 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import re
 import socket
 import struct
 import time
@@ -452,9 +453,31 @@ def fuzz_server(tmp_path_factory):
     add_model(repo, "bert_buckets", 'backend: "ge"\nmax_batch_size: 4\n' + params(
         static_model="1", bucket_paddable_dims="sequence", **BERT_BUCKETS), onnx.load(str(repo / "bert" / "1" / "model.onnx")))
     add_model(repo, "identity", 'backend: "ge"\n', build_identity_fixed())
+    add_model(repo, "escapes", 'backend: "ge"\n', weights_at("../../../../etc/passwd"))
     server = start_server(repo, repo.parent / "serve.log")
     yield server, repo
     server.stop()
+
+
+def weights_at(location: str) -> onnx.ModelProto:
+    """y = x @ w, with w's data claimed to live at `location` (external data)."""
+    w = onnx.helper.make_tensor("w", onnx.TensorProto.FLOAT, [4, 4], [0.0] * 16)
+    w.ClearField("float_data")
+    w.data_location = onnx.TensorProto.EXTERNAL
+    w.external_data.add(key="location", value=location)
+    graph = onnx.helper.make_graph(
+        [onnx.helper.make_node("MatMul", ["x", "w"], ["y"])], "escapes",
+        [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 4])],
+        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [2, 4])], [w])
+    return onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)])
+
+
+def test_external_data_outside_the_model_folder_is_refused_at_load(fuzz_server):
+    server, _ = fuzz_server
+    out = server.output()
+    assert re.search(r"model 'escapes' failed to load: .*tensor 'w' keeps its data at external_data location "
+                     r"'\.\./\.\./\.\./\.\./etc/passwd', which is outside the model folder", out), out[-3000:]
+    assert re.search(r"^  identity v1: READY$", out, re.M)
 
 
 def our_processes(cli_pid: int) -> dict[int, tuple[str, float]]:

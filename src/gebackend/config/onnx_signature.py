@@ -1,10 +1,15 @@
-"""Reads what an ONNX file promises at its boundary: input and output names, element types and shapes."""
+"""Reads what an ONNX file promises at its boundary: input and output names, element types and shapes.
+
+Also refuses an ONNX file whose external data (weights kept beside it, `external_data` location)
+points outside its model's folder, before any engine follows that path.
+"""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Union
+from typing import Iterator, Union
 
 import onnx
 
@@ -67,9 +72,81 @@ def signature_of(model: onnx.ModelProto) -> Signature:
 
 
 def read_signature(path: str | Path) -> Signature:
-    """The signature of the ONNX file at `path`, without loading external weight files."""
+    """The signature of the ONNX file at `path`, without loading external weight files.
+
+    Raises `ConfigError` if an external data location leaves the model's folder (see `check_external_data`).
+    """
     try:
         model = onnx.load(str(path), load_external_data=False)
     except Exception as exc:  # onnx raises DecodeError, OSError, ...
         raise ConfigError(f"cannot read ONNX file {path}: {type(exc).__name__}: {exc}") from None
+    check_external_data(model, path)
     return signature_of(model)
+
+
+def model_folder_of(path: str | Path) -> Path:
+    """The folder an ONNX file's external data must stay in: its model's folder in a Triton repository
+    (`<model>/<version>/model.onnx`), else the folder of the file itself."""
+    parent = Path(os.path.abspath(path)).parent
+    return parent.parent if parent.name.isdigit() else parent
+
+
+def _graph_tensors(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
+    yield from graph.initializer
+    for sparse in graph.sparse_initializer:
+        yield sparse.values
+        yield sparse.indices
+    yield from _node_tensors(graph.node)
+
+
+def _node_tensors(nodes) -> Iterator[onnx.TensorProto]:
+    for node in nodes:
+        for attribute in node.attribute:
+            if attribute.HasField("t"):
+                yield attribute.t
+            yield from attribute.tensors
+            if attribute.HasField("sparse_tensor"):
+                yield attribute.sparse_tensor.values
+                yield attribute.sparse_tensor.indices
+            if attribute.HasField("g"):
+                yield from _graph_tensors(attribute.g)
+            for subgraph in attribute.graphs:
+                yield from _graph_tensors(subgraph)
+
+
+def all_tensors(model: onnx.ModelProto) -> Iterator[onnx.TensorProto]:
+    """Every tensor stored in the model: initializers, constants in nodes, subgraphs and functions."""
+    yield from _graph_tensors(model.graph)
+    for function in model.functions:
+        yield from _node_tensors(function.node)
+
+
+def check_external_data(model: onnx.ModelProto, path: str | Path, root: str | Path | None = None) -> None:
+    """Refuse external data whose location is absolute or leads out of `root` (default: `model_folder_of(path)`).
+
+    Locations are relative to the ONNX file's folder, as onnx and onnxruntime read them. The location text is
+    checked (`..`, absolute paths, drive or NUL tricks); a symlink inside the model folder is the repository
+    owner's choice and is followed, as Triton follows symlinks in a repository.
+    """
+    base = Path(os.path.abspath(path)).parent
+    root = Path(os.path.abspath(root)) if root is not None else model_folder_of(path)
+    for tensor in all_tensors(model):
+        if tensor.data_location == onnx.TensorProto.EXTERNAL:
+            _check_location(tensor, path, base, root)
+
+
+def _check_location(tensor: onnx.TensorProto, path: str | Path, base: Path, root: Path) -> None:
+    location = next((entry.value for entry in tensor.external_data if entry.key == "location"), "")
+    target = os.path.normpath(os.path.join(base, location))
+    inside = (
+        location
+        and "\0" not in location
+        and not os.path.isabs(location)
+        and os.path.commonpath([target, str(root)]) == str(root)
+    )
+    if not inside:
+        raise ConfigError(
+            f"ONNX file {path}: tensor '{tensor.name}' keeps its data at external_data location '{location}', "
+            f"which is outside the model folder {root}; refusing to read it (external data must be a relative "
+            f"path inside the model's folder)"
+        )
