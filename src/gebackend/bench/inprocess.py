@@ -2,7 +2,11 @@
 
 The scenario's config.pbtxt is read as the backend reads it (`build_model_spec` + `load_executor`), one
 executor per instance. `concurrency` client threads each send one request (batch 1, the same input
-perf_analyzer sends), wait for its answer and send the next, as perf_analyzer's concurrency mode does. When the
+perf_analyzer sends), wait for its answer and send the next, as perf_analyzer's concurrency mode does.
+Throughput is the answers received inside the measurement window divided by its length; latency
+percentiles are over those answers. (perf_analyzer counts only requests both sent and answered inside a
+window, which under-counts when the window is not much longer than a request: give slow models long
+windows, `--interval-ms`; the bench notes a level whose window is shorter than 5 x its p50.) When the
 config batches, a queue in front of the executors plays Triton's dynamic batcher: each instance's worker
 takes every request waiting (up to max_batch_size) and runs them as one batch, with no queue delay. So the
 ceiling has what the server has except the server: gRPC, Triton's scheduler, and the Python backend's
@@ -109,8 +113,8 @@ class Ceiling:
                     errors.append(pending.error)
                     stop.set()
                     return
-                if window["start"] <= sent and answered <= window["end"]:
-                    latencies.append(answered - sent)
+                if window["start"] <= answered <= window["end"]:
+                    latencies.append(answered - sent)  # every answer inside the window counts (unbiased rate)
 
         threads = [threading.Thread(target=worker, args=(e,), daemon=True) for e in self.executors]
         threads += [threading.Thread(target=client, daemon=True) for _ in range(concurrency)]
@@ -120,9 +124,6 @@ class Ceiling:
         window["start"] = time.perf_counter()
         window["end"] = window["start"] + seconds
         time.sleep(seconds)
-        # Requests sent inside the window that are still in flight at its end would bias latency low
-        # if dropped; wait for them (bounded) before stopping.
-        time.sleep(min(1.0, 2 * (float(np.percentile(latencies, 99)) if latencies else 0.5)))
         stop.set()
         for t in threads:
             t.join(timeout=30)

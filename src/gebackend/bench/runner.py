@@ -101,7 +101,12 @@ class Bench:
         for name in s.models:
             if name not in catalogue:
                 raise ValueError(f"unknown model {name!r}; known: {', '.join(catalogue)}")
-            self._run_model(catalogue[name], chosen)
+        try:
+            for name in s.models:
+                self._run_model(catalogue[name], chosen)
+        except KeyboardInterrupt:
+            self.summary["meta"]["interrupted"] = True
+            self.log("bench: interrupted; writing what was measured")
         self.summary["meta"]["duration_s"] = time.monotonic() - t0
         self.summary["meta"]["loadavg_end"] = _loadavg()
         self._save()
@@ -179,6 +184,10 @@ class Bench:
             result["notes"] = "; ".join(filter(None, [result["notes"], *perf.failures]))
         if not perf.rows:
             result.update(status="failed", reason="perf_analyzer measured nothing: " + "; ".join(perf.failures))
+        short = [r.concurrency for r in perf.rows if r.p50_us * 5 / 1000 > s.perf.measurement_interval_ms]
+        if short:
+            result["notes"] = "; ".join(filter(None, [result["notes"], f"window < 5 x p50 at c={','.join(map(str, short))}: "
+                                                      "throughput under-counted, use a longer --interval-ms"]))
         for row in perf.rows:
             self.log(f"bench: {tag}: c={row.concurrency} {row.throughput:.1f} infer/s p50 {row.p50_us / 1000:.2f} ms "
                      f"p99 {row.p99_us / 1000:.2f} ms")

@@ -78,12 +78,16 @@ def start(repo: Path, log_path: Path, cli_args: Sequence[str] = (), timeout: flo
     log.close()
     server = BenchServer(process, log_path, *ports, started=time.monotonic())
     deadline = time.monotonic() + timeout + 30
-    while time.monotonic() < deadline:
-        if "gebackend: ready" in server.output():
-            return server
-        if process.poll() is not None:
-            raise ServeError(f"gebackend serve exited with {process.returncode}:\n{_tail(server.output())}")
-        time.sleep(0.25)
+    try:
+        while time.monotonic() < deadline:
+            if "gebackend: ready" in server.output():
+                return server
+            if process.poll() is not None:
+                raise ServeError(f"gebackend serve exited with {process.returncode}:\n{_tail(server.output())}")
+            time.sleep(0.25)
+    except BaseException:
+        server.stop()  # Ctrl-C while the server starts must not leave it running
+        raise
     server.stop()
     raise ServeError(f"gebackend serve not ready after {timeout:.0f}s:\n{_tail(server.output())}")
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from pathlib import Path
 
@@ -73,6 +74,10 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
                      ceiling_seconds=args.ceiling_seconds, ceiling_for=args.ceiling_for)
     settings = replace(base, perf=perf, out=args.out, cache=args.cache, ceiling=not args.no_ceiling,
                        **{k: v for k, v in overrides.items() if v is not None})
+    def interrupt(*_):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupt)  # stop the scenario's server and write the partial summary
     try:
         out = Bench(settings).run()
     except (perf_analyzer.PerfAnalyzerMissing, ValueError) as exc:
