@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import http.client
 import os
+import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -13,10 +15,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import onnx
 import psutil
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+from onnx import helper
 
 from gebackend.modelzoo import build_add_mul, build_bert
 
@@ -266,3 +270,105 @@ def test_missing_repository_fails_fast(tmp_path):
     done = subprocess.run(GEBACKEND + ["serve", str(tmp_path / "nope")], capture_output=True, text=True, timeout=60)
     assert done.returncode != 0
     assert "is not a folder" in done.stderr
+
+
+def add_mul_plus(offset: float) -> onnx.ModelProto:
+    """add_mul's signature with sum = x + y + offset: a model whose files change, and whose answer shows which."""
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["x", "y"], ["xy"]), helper.make_node("Add", ["xy", "offset"], ["sum"]),
+         helper.make_node("Mul", ["x", "y"], ["product"])],
+        "add_mul_plus",
+        [helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, ["batch", 4]) for n in ("x", "y")],
+        [helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, ["batch", 4]) for n in ("sum", "product")],
+        [helper.make_tensor("offset", onnx.TensorProto.FLOAT, [1], [offset])],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def our_rss(server: RunningServer) -> tuple[int, int]:
+    """(tritonserver RSS, sum of its stubs' RSS) in bytes."""
+    triton = next(p for p in psutil.Process(server.process.pid).children() if p.name() == "tritonserver")
+    stubs = 0
+    for child in triton.children():
+        try:
+            if child.status() != psutil.STATUS_ZOMBIE:
+                stubs += child.memory_info().rss
+        except psutil.NoSuchProcess:
+            pass
+    return triton.memory_info().rss, stubs
+
+
+def wait_for(server: RunningServer, text: str, count: int, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while server.output().count(text) < count:
+        assert time.monotonic() < deadline, f"no {count}x {text!r}:\n{server.output()[-3000:]}"
+        time.sleep(0.05)
+
+
+RELOAD_CYCLES = int(os.environ.get("GE_RELOAD_CYCLES", "20"))
+
+
+def test_sighup_reloads_changed_models_without_dropping_requests(tmp_path):
+    """20 reloads of a model whose file changed: every request to it and to another model is answered, and the
+    server's memory does not grow."""
+    from .test_recovery import Traffic
+
+    repo = tmp_path / "repo"
+    onnx_file = add_model(repo, "changing", ADD_MUL_CONFIG.replace("200000", "1000"), add_mul_plus(0.0))
+    add_model(repo, "steady", ADD_MUL_CONFIG.replace("200000", "1000"), build_add_mul())
+    server = start_server(repo, tmp_path / "serve.log")
+    footprint = Footprint.of(server)
+    rss = []
+    try:
+        with Traffic(server, "steady", pause=0.03) as steady, \
+                Traffic(server, "changing", pause=0.03, offsets=tuple(float(k) for k in range(RELOAD_CYCLES + 1))) \
+                as changing:
+            for cycle in range(1, RELOAD_CYCLES + 1):
+                onnx.save(add_mul_plus(float(cycle)), str(onnx_file))
+                server.process.send_signal(signal.SIGHUP)
+                wait_for(server, "gebackend: reload: model 'changing' reloaded in ", cycle)
+                client = httpclient.InferenceServerClient(server.http_url)
+                got = client.infer("changing", add_mul_request(httpclient, 1.0)).as_numpy("sum")
+                client.close()
+                np.testing.assert_array_equal(got, np.full((1, 4), 2.0 + cycle, np.float32))
+                rss.append(our_rss(server))
+        out = server.output()
+        mib = [(t >> 20, s >> 20) for t, s in rss]
+        print(f"\nRSS after each of {RELOAD_CYCLES} reloads (tritonserver MiB, stubs MiB): {mib}; "
+              f"requests: steady {len(steady.outcomes)}, changing {len(changing.outcomes)}")
+        assert steady.failures() == [], steady.failures()[:5]
+        assert changing.failures() == [], changing.failures()[:5]
+        assert len(changing.outcomes) > RELOAD_CYCLES and len(steady.outcomes) > RELOAD_CYCLES
+        assert "reloading steady" not in out and "died" not in out
+        settled = rss[min(4, len(rss) - 1)]
+        assert rss[-1][0] < settled[0] * 1.15 + (8 << 20), mib  # tritonserver
+        assert rss[-1][1] < settled[1] * 1.15 + (8 << 20), mib  # its stubs
+    finally:
+        assert server.stop() == 0, server.output()[-3000:]
+    assert footprint.leftovers() == []
+
+
+def test_sighup_with_a_broken_file_reports_it_and_keeps_the_others(tmp_path):
+    repo = tmp_path / "repo"
+    onnx_file = add_model(repo, "changing", ADD_MUL_CONFIG, add_mul_plus(0.0))
+    add_model(repo, "steady", ADD_MUL_CONFIG, build_add_mul())
+    server = start_server(repo, tmp_path / "serve.log")
+    try:
+        onnx_file.write_bytes(b"not an onnx file any more")
+        shutil.copytree(repo / "steady", repo / "newcomer")
+        server.process.send_signal(signal.SIGHUP)
+        wait_for(server, "gebackend: reload: model 'newcomer' loaded in ", 1)
+        wait_for(server, "gebackend: reload: model 'changing' failed: ", 1)
+        out = server.output()
+        assert re.search(r"reload: model 'changing' failed: .*cannot read ONNX file", out), out[-3000:]
+        client = httpclient.InferenceServerClient(server.http_url)
+        for model in ("steady", "newcomer"):
+            got = client.infer(model, add_mul_request(httpclient, 1.0)).as_numpy("sum")
+            np.testing.assert_array_equal(got, np.full((1, 4), 2.0, np.float32))
+        # Triton keeps the version it had: the model goes on answering from the old file.
+        assert client.is_model_ready("changing")
+        got = client.infer("changing", add_mul_request(httpclient, 1.0)).as_numpy("sum")
+        np.testing.assert_array_equal(got, np.full((1, 4), 2.0, np.float32))
+        client.close()
+    finally:
+        assert server.stop() == 0, server.output()[-3000:]

@@ -73,6 +73,7 @@ class Traffic:
     server: RunningServer
     model: str
     pause: float = 0.02
+    offsets: tuple[float, ...] = (0.0,)  # answers may be x + y + any of these (a model being reloaded)
     outcomes: list[tuple[float, float, str]] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
 
@@ -89,7 +90,8 @@ class Traffic:
             started = time.monotonic()
             try:
                 got = infer(client, module, self.model, float(i))
-                outcome = "ok" if np.array_equal(got, np.full((1, 4), 2.0 * i, np.float32)) else f"wrong answer {got}"
+                right = any(np.array_equal(got, np.full((1, 4), 2.0 * i + k, np.float32)) for k in self.offsets)
+                outcome = "ok" if right else f"wrong answer {got}"
             except Exception as exc:
                 outcome = str(exc)
             self.outcomes.append((started, time.monotonic() - started, outcome))

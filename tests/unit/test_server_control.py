@@ -258,3 +258,30 @@ def test_watchdog_with_healing_off_only_reports():
     assert dog.check() == [] and repo.calls == []
     assert dog.unrestored == {"m"}
     assert any("not reloading it (--no-self-healing)" in line for line in said)
+
+
+def test_repository_fingerprints_change_with_any_file_of_a_model(tmp_path):
+    from gebackend.server.launcher import repository_fingerprints
+
+    (tmp_path / "a" / "1").mkdir(parents=True)
+    (tmp_path / "a" / "1" / "model.onnx").write_bytes(b"1")
+    (tmp_path / "b").mkdir()
+    (tmp_path / ".hidden").mkdir()
+    (tmp_path / "stray.txt").write_text("x")
+    first = repository_fingerprints(tmp_path)
+    assert set(first) == {"a", "b"} and first["b"] == ()
+    (tmp_path / "a" / "1" / "model.onnx").write_bytes(b"22")
+    second = repository_fingerprints(tmp_path)
+    assert second["a"] != first["a"] and second["b"] == first["b"]
+
+
+def test_paused_watchdog_skips_checks_and_does_not_mourn_what_changed_meanwhile():
+    dog, repo, said = watchdog_with({"m": "READY"})
+    dog.table.now = [stub(1, "m_0")]
+    dog.check()
+    with dog.paused():
+        dog.table.now = [stub(2, "m_0", start=7)]  # a reload replaced the instance ...
+        assert dog.check() == []  # ... and the watchdog stays out of the way meanwhile
+        dog.table.now = []  # a failed reload attempt's stub came and went
+    dog.table.now = [stub(2, "m_0", start=7)]
+    assert dog.check() == [] and repo.calls == [] and not any("died" in line for line in said)

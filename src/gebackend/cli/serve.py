@@ -1,4 +1,4 @@
-"""`gebackend serve`: run Triton on a model repository until Ctrl-C or SIGTERM."""
+"""`gebackend serve`: run Triton on a model repository until Ctrl-C or SIGTERM; SIGHUP reloads what changed on disk."""
 
 from __future__ import annotations
 
@@ -6,11 +6,19 @@ import argparse
 import signal
 import sys
 import threading
+import time
 from pathlib import Path
 
 from gebackend.config.options import parse_backend_config_args
 from gebackend.errors import GeBackendError
-from gebackend.server.launcher import ServerSettings, Shutdown, TritonServer, format_model_table, load_failure_reason
+from gebackend.server.launcher import (
+    ServerSettings,
+    Shutdown,
+    TritonServer,
+    format_model_table,
+    load_failure_reason,
+    repository_fingerprints,
+)
 from gebackend.server.watchdog import Watchdog
 
 
@@ -60,9 +68,10 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
         exit_timeout=args.exit_timeout,
         allow_model_control=args.allow_model_control,
     )
-    stop = threading.Event()
+    stop, reload, wake = threading.Event(), threading.Event(), threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
+        signal.signal(sig, lambda *_: (stop.set(), wake.set()))
+    signal.signal(signal.SIGHUP, lambda *_: (reload.set(), wake.set()))
     server = TritonServer(settings)
     try:
         server.start()
@@ -78,17 +87,56 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
         return 0
     _announce(settings, index)
     watchdog = _start_watchdog(server, args)
-    while not stop.is_set():
+    fingerprints = repository_fingerprints(settings.model_repository)
+    while True:
         if server.process.poll() is not None:
             watchdog.stop()
             code = server.stop()
             print(f"gebackend: tritonserver exited unexpectedly with code {code}", file=sys.stderr)
             return code or 1
-        stop.wait(0.5)
+        wake.wait(0.5)
+        wake.clear()
+        if stop.is_set():
+            break
+        if reload.is_set():
+            reload.clear()
+            fingerprints = _reload(server, watchdog, fingerprints)
     print("gebackend: stopping: finishing in-flight requests, refusing new ones", flush=True)
     watchdog.stop()
     result = server.shutdown(broken=watchdog.broken_models())
     return _report_shutdown(result, settings.exit_timeout)
+
+
+def _reload(server: TritonServer, watchdog: Watchdog, before: dict[str, tuple]) -> dict[str, tuple]:
+    """SIGHUP: load the model folders that are new or whose files changed, unload the ones that are gone.
+
+    Triton loads the new version beside the old one and switches over, so requests keep being answered;
+    a failed load leaves the model as Triton then has it (reported). Needs explicit model control.
+    """
+    if not server.control.can_reload:
+        _say(f"SIGHUP: cannot reload, this server runs --model-control-mode={server.control.mode}")
+        return before
+    now = repository_fingerprints(server.settings.model_repository)
+    changed = sorted(name for name in now if before.get(name) != now[name])
+    gone = sorted(set(before) - set(now))
+    _say(f"SIGHUP: reloading {', '.join(changed + gone) or 'nothing (no model folder changed)'}")
+    with watchdog.paused():
+        for name in changed:
+            started = time.monotonic()
+            try:
+                server.load_model(name)
+            except GeBackendError as exc:
+                _say(f"reload: model '{name}' failed: {load_failure_reason({'reason': str(exc)})}")
+                continue
+            verb = "reloaded" if name in before else "loaded"
+            _say(f"reload: model '{name}' {verb} in {time.monotonic() - started:.1f}s")
+        for name in gone:
+            try:
+                server.unload_model(name)
+                _say(f"reload: model '{name}' is gone from the repository; unloaded")
+            except GeBackendError as exc:
+                _say(f"reload: model '{name}' could not be unloaded: {exc}")
+    return now
 
 
 def _say(message: str) -> None:

@@ -430,6 +430,22 @@ def _waiting_on(line: str) -> str | None:
     return line[found + len(": Found "):].strip().rstrip('"').strip()
 
 
+def repository_fingerprints(repository: Path) -> dict[str, tuple]:
+    """Per model folder, the (path, size, mtime) of every file in it: what a reload compares."""
+    found = {}
+    for folder in sorted(p for p in repository.iterdir() if p.is_dir() and not p.name.startswith(".")):
+        entries = []
+        for path in sorted(folder.rglob("*")):
+            try:
+                stat = path.stat()
+            except OSError:
+                continue
+            if path.is_file():
+                entries.append((str(path.relative_to(folder)), stat.st_size, stat.st_mtime_ns))
+        found[folder.name] = tuple(entries)
+    return found
+
+
 def _body(error: urllib.error.HTTPError) -> str:
     try:
         text = error.read().decode(errors="replace")

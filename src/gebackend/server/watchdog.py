@@ -17,6 +17,7 @@ logs both. A model that keeps dying is reloaded after a growing pause (1 s, 2 s,
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -176,7 +177,7 @@ class Watchdog:
         self._failures: dict[str, tuple[int, float]] = {}  # model -> (consecutive deaths, when restored)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self.busy = threading.Lock()  # held while a model is being restored
+        self.busy = threading.Lock()  # held while stubs are checked and models restored, or by `paused()`
 
     def start(self) -> "Watchdog":
         self.tracker.update(self.table.stubs())
@@ -202,8 +203,26 @@ class Watchdog:
             except Exception as exc:  # the watchdog must never take the CLI down
                 self.say(f"watchdog: check failed: {type(exc).__name__}: {exc}")
 
+    @contextlib.contextmanager
+    def paused(self):
+        """Hold the watchdog off while models are (re)loaded on purpose; stubs that come and go meanwhile
+        (a reload's new instances, a failed load's) are not deaths."""
+        with self.busy:
+            try:
+                yield
+            finally:
+                self.tracker.update(self.table.stubs())  # what changed meanwhile is known, not mourned
+
     def check(self) -> list[str]:
         """One look at the stubs; restores the models that lost one. Returns the models restored."""
+        if not self.busy.acquire(blocking=False):
+            return []  # paused: a reload is under way
+        try:
+            return self._check()
+        finally:
+            self.busy.release()
+
+    def _check(self) -> list[str]:
         dead = self.tracker.update(self.table.stubs())
         if not dead:
             return []
@@ -229,29 +248,29 @@ class Watchdog:
         return restored
 
     def _restore(self, model: str) -> bool:
-        with self.busy:
-            started = time.monotonic()
-            deaths, last = self._failures.get(model, (0, 0.0))
-            if last and started - last > self.stable_after:
-                deaths = 0
-            try:
-                # Not waiting for the unload to finish: once a request has met the dead stub, Triton 2.51 never
-                # finishes unloading that model version (the request is never released), yet loading the model
-                # again works at once and serves from fresh stubs.
-                self.repository.unload_model(model)
-                pause = backoff(deaths)
-                if pause:
-                    self.say(f"model '{model}': died {deaths + 1} times in a row; loading it again in {pause:.0f}s")
-                    if self._stop.wait(pause):
-                        return False
-                self.tracker.forget_model(model)
-                self.repository.load_model(model)
-            except Exception as exc:
-                self.say(f"model '{model}': could not be restored: {exc}")
-                self._failures[model] = (deaths + 1, time.monotonic())
-                return False
+        """Unload and load `model` again (the caller holds `busy`). False if it could not be restored."""
+        started = time.monotonic()
+        deaths, last = self._failures.get(model, (0, 0.0))
+        if last and started - last > self.stable_after:
+            deaths = 0
+        try:
+            # Not waiting for the unload to finish: once a request has met the dead stub, Triton 2.51 never
+            # finishes unloading that model version (the request is never released), yet loading the model
+            # again works at once and serves from fresh stubs.
+            self.repository.unload_model(model)
+            pause = backoff(deaths)
+            if pause:
+                self.say(f"model '{model}': died {deaths + 1} times in a row; loading it again in {pause:.0f}s")
+                if self._stop.wait(pause):
+                    return False
+            self.tracker.forget_model(model)
+            self.repository.load_model(model)
+        except Exception as exc:
+            self.say(f"model '{model}': could not be restored: {exc}")
             self._failures[model] = (deaths + 1, time.monotonic())
-            self.restores[model] = self.restores.get(model, 0) + 1
-            self.unrestored.discard(model)
-            self.say(f"model '{model}': restored in {time.monotonic() - started:.1f}s")
-            return True
+            return False
+        self._failures[model] = (deaths + 1, time.monotonic())
+        self.restores[model] = self.restores.get(model, 0) + 1
+        self.unrestored.discard(model)
+        self.say(f"model '{model}': restored in {time.monotonic() - started:.1f}s")
+        return True
