@@ -281,3 +281,10 @@ def test_static_engine_with_overrides_equals_dynamic(tmp_path):
     names = _outputs(path)
     for g, w in zip(engine.run(feeds, names), OrtEngine(path, BackendOptions()).run(feeds, names)):
         np.testing.assert_array_equal(g, w)
+
+
+def test_analyze_bf16_on_openvino_reports_its_accuracy(models, capsys):
+    pytest.importorskip("openvino")
+    assert main(["analyze", str(models["bert"]), "--precision", "bf16", "--engine", "openvino"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"^precision bf16 \(openvino\) vs fp32: max_abs_diff=\S+ cosine=0\.99\d+ ", out, re.M), out
