@@ -150,6 +150,13 @@ class _Port:
     index: int
     dtype: np.dtype
     shape: ov.PartialShape
+    rank: int | None = None  # None: any rank
+    fixed: tuple[tuple[int, int], ...] = ()  # (axis, size) of every static dim
+
+    def __post_init__(self):
+        if self.shape.rank.is_static:
+            self.rank = len(self.shape)
+            self.fixed = tuple((axis, d.get_length()) for axis, d in enumerate(self.shape) if d.is_static)
 
 
 class _Compiled:
@@ -188,13 +195,13 @@ class _Compiled:
             port = self.inputs[name]
             if array.dtype != port.dtype:
                 raise EngineInputError(f"input '{name}' has type {array.dtype}, the model expects {port.dtype}")
-            if port.shape.rank.is_static and len(port.shape) != array.ndim:
+            if port.rank is not None and port.rank != array.ndim:
                 raise EngineInputError(f"input '{name}' has shape {list(array.shape)}, the model expects rank "
-                                       f"{len(port.shape)} ({port.shape})")
-            for axis, (dim, size) in enumerate(zip(port.shape, array.shape)):
-                if dim.is_static and dim.get_length() != size:
+                                       f"{port.rank} ({port.shape})")
+            for axis, size in port.fixed:
+                if array.shape[axis] != size:
                     raise EngineInputError(f"input '{name}' has shape {list(array.shape)}, the model expects "
-                                           f"{port.shape} (dim {axis} must be {dim.get_length()})")
+                                           f"{port.shape} (dim {axis} must be {size})")
         bad = [n for n in output_names if n not in self.outputs]
         if bad:
             raise EngineInputError(f"unknown output(s) {bad}")
