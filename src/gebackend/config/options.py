@@ -121,6 +121,7 @@ class BackendOptions:
     # graph mode (static ORT graphs: SkipLayerNormFusion, see engines/onnxruntime.py); "none": nothing disabled.
     disabled_optimizers: tuple[str, ...] | None = None
     pin_instances: str = "auto"  # "auto": pin when the model has several instances or sets cores_per_instance; "on" | "off"
+    disable_prepacking: bool = False  # ORT packs MatMul weights per session: off saves ~the MatMul weights per bucket
     allow_spinning: str = "auto"  # ORT intra-op spinning: "auto" (off when pinned instances share cores) | "on" | "off"
 
 
@@ -152,6 +153,7 @@ _KEYS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "ge.aicoreNum": ("cores_per_instance", _first_int),
     "disabled_optimizers": ("disabled_optimizers", _optimizer_list),
     "pin_instances": ("pin_instances", _choice({"auto": "auto", **{k: "on" for k in _TRUE}, **{k: "off" for k in _FALSE}})),
+    "disable_prepacking": ("disable_prepacking", _bool),
     "allow_spinning": ("allow_spinning", _choice({"auto": "auto", **{k: "on" for k in _TRUE}, **{k: "off" for k in _FALSE}})),
 }
 

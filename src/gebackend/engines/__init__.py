@@ -37,7 +37,7 @@ def create_engine(spec, providers: Sequence = ("CPUExecutionProvider",)) -> Engi
     return OrtEngine(spec.path, spec.options, providers)
 
 
-def create_static_engine(spec, graphs: Sequence, providers: Sequence = ("CPUExecutionProvider",)) -> Engine:
+def create_static_engine(spec, graphs: Sequence, providers: Sequence = ("CPUExecutionProvider",), temp_parent=None) -> Engine:
     """The static graph engine for a model: one compiled graph per shape (bucket)."""
     if engine_name(spec.options.engine) == "openvino":
         from gebackend.engines.openvino import OvStaticEngine
@@ -45,7 +45,7 @@ def create_static_engine(spec, graphs: Sequence, providers: Sequence = ("CPUExec
         return OvStaticEngine(graphs, spec.options)
     from gebackend.engines.onnxruntime_static import OrtStaticEngine
 
-    return OrtStaticEngine(graphs, spec.options, providers)
+    return OrtStaticEngine(graphs, spec.options, providers, temp_parent=temp_parent)
 
 
 __all__ = ["Engine", "create_engine", "create_static_engine", "engine_name", "providers_for"]

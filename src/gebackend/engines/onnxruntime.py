@@ -51,6 +51,8 @@ def session_options(options: BackendOptions) -> ort.SessionOptions:
     so.enable_mem_pattern = options.enable_mem_pattern
     so.graph_optimization_level = _OPT_LEVELS[options.graph_optimization_level]
     so.log_severity_level = 3  # errors only: warnings about unused initializers flood the server log
+    if options.disable_prepacking:
+        so.add_session_config_entry("session.disable_prepacking", "1")
     if options.allow_spinning != "auto":  # pinned instances sharing cores turn it off (runtime/pinning.py)
         so.add_session_config_entry("session.intra_op.allow_spinning", "1" if options.allow_spinning == "on" else "0")
     return so

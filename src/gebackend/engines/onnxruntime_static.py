@@ -2,7 +2,9 @@
 
 Every compiled shape (bucket) gets its own session over its specialised, folded graph. Weights the
 graphs share are handed to every session as the same OrtValue (`SessionOptions.add_initializer`),
-so an instance holds them once, not once per bucket. Input and output buffers are allocated once per
+so an instance holds them once, not once per bucket; each session is created from the graph's file
+(written once to a private folder), not from bytes, and the in-memory graph is dropped after the
+build, so neither the serialized model nor its weights stay alive per bucket. Input and output buffers are allocated once per
 shape and bound once (IOBinding): a run copies the feeds in, runs, and copies the outputs out. With
 the CUDA execution provider each session is captured as a CUDA graph on its fixed buffers; with the CANN
 provider its graph mode is switched on.
@@ -10,6 +12,8 @@ provider its graph mode is switched on.
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -65,6 +69,23 @@ def dim_overrides(signature_inputs, shapes: Mapping[str, Sequence[int]]) -> dict
     return {k: v for k, v in values.items() if k not in clashing}
 
 
+@dataclass
+class _Prepared:
+    """What the engine keeps of a compiled graph once its session is built: never the weights."""
+
+    shapes: Mapping[str, tuple[int, ...]]
+    path: Path  # the graph written once; sessions (and profiled twins) are built from it
+    dim_overrides: Mapping[str, int]
+    shared: dict[str, str]  # initializer name -> key of its held OrtValue
+    output_shapes: dict[str, tuple[int, ...] | None]
+    node_order: list[str]
+    static_nodes: list[str]
+
+    @property
+    def label(self) -> str:
+        return "static " + " ".join(f"{n}:{','.join(map(str, s))}" for n, s in self.shapes.items())
+
+
 def _static_shape(value: onnx.ValueInfoProto) -> tuple[int, ...] | None:
     dims = value.type.tensor_type.shape.dim
     shape = tuple(d.dim_value for d in dims)
@@ -74,7 +95,7 @@ def _static_shape(value: onnx.ValueInfoProto) -> tuple[int, ...] | None:
 class _Bound:
     """One session with its inputs and outputs bound to buffers allocated once."""
 
-    def __init__(self, session: ort.InferenceSession, graph: CompiledGraph, device: str):
+    def __init__(self, session: ort.InferenceSession, graph: _Prepared, device: str):
         self.session = session
         self.device = device
         self.binding = session.io_binding()
@@ -90,9 +111,8 @@ class _Bound:
                 self.binding.bind_cpu_input(meta.name, value)
             self.inputs[meta.name] = value
         self.outputs: dict[str, object | None] = {}
-        declared = {v.name: v for v in graph.model.graph.output}
         for meta in session.get_outputs():
-            shape = _static_shape(declared[meta.name]) if meta.name in declared else None
+            shape = graph.output_shapes.get(meta.name)
             dtype = _numpy_type(meta.type)
             if shape is None:
                 self.binding.bind_output(meta.name, device)  # shape known only at run time
@@ -155,49 +175,72 @@ class OrtStaticEngine(Engine):
         options: BackendOptions,
         providers: Sequence = ("CPUExecutionProvider",),
         warmup_runs: int = 1,
+        temp_parent: Path | None = None,
     ):
+        """`temp_parent`: where to make the private folder of graph files (the system temp folder when None)."""
         self._options = options
         self._providers = list(providers)
         self.device = "cuda" if any(_provider_name(p) == "CUDAExecutionProvider" for p in providers) else "cpu"
         self._shared: dict[str, tuple[np.ndarray, ort.OrtValue]] = {}
         self._private_bytes = 0
         self._by_shape: dict[tuple, _Bound] = {}
-        self._graphs = list(graphs)
+        self._workdir = Path(tempfile.mkdtemp(prefix="gebackend-static-", dir=temp_parent))
+        self._graphs = [self._prepare(number, graph) for number, graph in enumerate(graphs, start=1)]
         self._lock = threading.Lock()  # a run and a swap of sessions (profiling on/off) never overlap
         self._plain: dict[tuple, _Bound] | None = None  # the unprofiled sessions while profiling
         self._disabled = disabled_optimizers(options, static=True, device=self.device)
-        for graph in graphs:
+        for graph in self._graphs:
             bound = self._build(graph)
             self._by_shape[self._key(graph.shapes)] = bound
             for _ in range(warmup_runs + (1 if self.device == "cuda" else 0)):
                 bound.run({n: np.zeros_like(v) if isinstance(v, np.ndarray) else v.numpy() for n, v in bound.inputs.items()},
                           [m.name for m in bound.session.get_outputs()])
 
-    def _build(self, graph: CompiledGraph, profile_prefix: Path | None = None) -> _Bound:
+    def _prepare(self, number: int, graph: CompiledGraph) -> _Prepared:
+        """Hold the graph's weights (once across graphs), write the graph to a file, keep its metadata."""
+        from gebackend.compile.doctor import static_node_names
+
+        shared: dict[str, str] = {}
+        for init in graph.model.graph.initializer:
+            if init.ByteSize() < SHARE_MIN_BYTES:
+                continue
+            array = numpy_helper.to_array(init)
+            key = init.name
+            held = self._shared.get(key)
+            if held is not None and not (held[0].dtype == array.dtype and held[0].shape == array.shape
+                                         and np.array_equal(held[0], array)):
+                key = f"{init.name}#{number}"  # same name, other value: this graph's own copy
+                self._private_bytes += array.nbytes
+                held = None
+            if held is None:
+                self._shared[key] = (array, ort.OrtValue.ortvalue_from_numpy(array))
+            shared[init.name] = key
+        path = self._workdir / f"static{number}.onnx"
+        onnx.save(graph.model, str(path))
+        return _Prepared(
+            shapes=dict(graph.shapes),
+            path=path,
+            dim_overrides=dict(graph.dim_overrides),
+            shared=shared,
+            output_shapes={v.name: _static_shape(v) for v in graph.model.graph.output},
+            node_order=[n.name for n in graph.model.graph.node],
+            static_nodes=static_node_names(graph.model),
+        )
+
+    def _build(self, graph: _Prepared, profile_prefix: Path | None = None) -> _Bound:
         so = session_options(self._options)
         if profile_prefix is not None:
             so.enable_profiling = True
             so.profile_file_prefix = str(profile_prefix)
         for name, value in graph.dim_overrides.items():
             so.add_free_dimension_override_by_name(name, int(value))
-        for init in graph.model.graph.initializer:
-            if init.ByteSize() < SHARE_MIN_BYTES:
-                continue
-            array = numpy_helper.to_array(init)
-            held = self._shared.get(init.name)
-            if held is None or held[0].dtype != array.dtype or held[0].shape != array.shape or not np.array_equal(held[0], array):
-                held = (array, ort.OrtValue.ortvalue_from_numpy(array))
-                if init.name in self._shared:
-                    self._private_bytes += array.nbytes  # same name, other value: this graph's own copy
-                    self._shared[f"{init.name}#{len(self._by_shape)}"] = held
-                else:
-                    self._shared[init.name] = held
-            so.add_initializer(init.name, held[1])
+        for name, key in graph.shared.items():
+            so.add_initializer(name, self._shared[key][1])
         providers = self._providers
         if self._options.enable_cuda_graph and profile_prefix is None:
             providers = [_with_graph_capture(p) for p in providers]
         try:
-            session = ort.InferenceSession(graph.model.SerializeToString(), sess_options=so, providers=providers,
+            session = ort.InferenceSession(str(graph.path), sess_options=so, providers=providers,
                                            disabled_optimizers=self._disabled)
         except Exception as exc:
             raise ModelLoadError(f"ONNX Runtime cannot build the static graph for {dict(graph.shapes)}: {exc}") from None
@@ -227,8 +270,6 @@ class OrtStaticEngine(Engine):
                 self._plain, self._by_shape = self._by_shape, profiled
 
     def stop_profiling(self) -> list[ProfiledSession]:
-        from gebackend.compile.doctor import static_node_names
-
         with self._lock:
             if self._plain is None:
                 return []
@@ -236,14 +277,13 @@ class OrtStaticEngine(Engine):
         sessions = []
         for graph in self._graphs:
             session = profiled[self._key(graph.shapes)].session
-            label = "static " + " ".join(f"{n}:{','.join(map(str, s))}" for n, s in graph.shapes.items())
             start = monotonic_from_wall_ns(session.get_profiling_start_time_ns())
             file = Path(session.end_profiling())
-            order = [n.name for n in graph.model.graph.node]
-            static = static_node_names(graph.model)
-            if len(static) == len(order):  # every shape fixed at compile time: so are the nodes ORT fused
+            static = graph.static_nodes
+            if len(static) == len(graph.node_order):  # every shape fixed at compile time: so are the nodes ORT fused
                 static = list(dict.fromkeys(static + profiled_node_names(file)))
-            sessions.append(ProfiledSession(file, "static", label, start, node_order=order, static_nodes=static))
+            sessions.append(ProfiledSession(file, "static", graph.label, start, node_order=graph.node_order,
+                                            static_nodes=static))
         return sessions
 
     @property
@@ -263,6 +303,7 @@ class OrtStaticEngine(Engine):
     def close(self) -> None:
         self._by_shape.clear()
         self._shared.clear()
+        shutil.rmtree(self._workdir, ignore_errors=True)
 
 
 def _provider_name(provider) -> str:
