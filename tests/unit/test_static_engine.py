@@ -113,3 +113,21 @@ def test_graph_capture_is_requested_from_accelerator_providers():
         "CUDAExecutionProvider", {"device_id": "0", "enable_cuda_graph": "1"})
     assert _with_graph_capture("CANNExecutionProvider") == ("CANNExecutionProvider", {"enable_cann_graph": "1"})
     assert _with_graph_capture("CPUExecutionProvider") == "CPUExecutionProvider"
+
+
+@pytest.mark.parametrize(
+    "engine,precision,expected",
+    [("auto", "origin", "onnxruntime"), ("auto", "int8", "onnxruntime"), ("onnxruntime", "bf16", "onnxruntime"),
+     ("openvino", "origin", "openvino")],
+)
+def test_engine_choice(engine, precision, expected):
+    from gebackend.engines import engine_name
+
+    assert engine_name(BackendOptions(engine=engine, precision_mode=precision)) == expected
+
+
+def test_auto_engine_takes_openvino_for_bf16_when_installed():
+    pytest.importorskip("openvino")
+    from gebackend.engines import engine_name
+
+    assert engine_name(BackendOptions(engine="auto", precision_mode="bf16")) == "openvino"

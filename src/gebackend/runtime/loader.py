@@ -29,7 +29,7 @@ def load_executor(
     """The executor for a model and one line describing how it runs."""
     folder: Path | None = None
     precision = ""
-    if spec.options.precision_mode != "origin" and engine_name(spec.options.engine) == "onnxruntime":
+    if spec.options.precision_mode != "origin" and engine_name(spec.options) == "onnxruntime":
         folder = _lowered_dir(spec.name)
         try:
             spec, precision = _lower(spec, folder, providers, log)
