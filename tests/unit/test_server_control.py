@@ -41,7 +41,7 @@ def test_restriction_for_finds_the_header_guarding_the_api():
 def test_default_is_explicit_mode_with_repository_api_behind_a_secret():
     control = ModelControl.decide(settings(), "s3cret")
     assert control.mode == "explicit" and control.can_reload
-    assert control.header == (CONTROL_HEADER, "s3cret")
+    assert control.header == control.grpc_header == (CONTROL_HEADER, "s3cret")
     assert control.flags == (
         "--model-control-mode=explicit",
         "--load-model=*",
@@ -52,7 +52,7 @@ def test_default_is_explicit_mode_with_repository_api_behind_a_secret():
 
 def test_allow_model_control_leaves_the_api_open():
     control = ModelControl.decide(settings(allow=True), "s3cret")
-    assert control.header is None
+    assert control.header is None and control.grpc_header is None
     assert not any("restricted" in flag for flag in control.flags)
     assert control.can_reload
 
@@ -67,9 +67,12 @@ def test_users_own_mode_and_models_are_kept():
 
 def test_users_own_restriction_is_reused_not_doubled():
     control = ModelControl.decide(settings(["--http-restricted-api=model-repository,inference:mine=42"]), "s")
-    assert control.header == ("mine", "42")
+    assert control.header == ("mine", "42") and control.grpc_header == (CONTROL_HEADER, "s")
     assert not any(flag.startswith("--http-restricted-api") for flag in control.flags)
     assert any(flag.startswith("--grpc-restricted-protocol") for flag in control.flags)
+    control = ModelControl.decide(settings(["--grpc-restricted-protocol", "model-repository:theirs=7"]), "s")
+    assert control.grpc_header == ("theirs", "7") and control.header == (CONTROL_HEADER, "s")
+    assert not any(flag.startswith("--grpc-restricted-protocol") for flag in control.flags)
 
 
 def test_waiting_on_reads_tritons_exit_countdown():
@@ -153,6 +156,8 @@ class FakeTable:
     def stubs(self):
         return list(self.now)
 
+    refresh = stubs
+
 
 def watchdog_with(states):
     repo, said = FakeRepository(states), []
@@ -225,6 +230,42 @@ def test_process_table_lists_only_stub_children(tmp_path, monkeypatch):
     monkeypatch.setattr(wd, "PROC", proc)
     stubs = wd.ProcessTable(10).stubs()
     assert [(s.pid, s.model, s.instance, s.started) for s in stubs] == [(11, "m", "m_11", 555)]
+
+
+def test_process_table_refresh_rereads_only_the_last_scan(tmp_path, monkeypatch):
+    proc = tmp_path / "proc"
+
+    def make(pid, state="S", start=555):
+        folder = proc / str(pid)
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "stat").write_text(f"{pid} (x) {state} 10 1 1 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 {start} 1 1")
+        argv = ["/b/triton_python_backend_stub", "/repo/m/1/model.py", "shm", "1", "1", "10", "/b", "1", f"m_{pid}", "/b/ge"]
+        (folder / "cmdline").write_bytes("\0".join(argv).encode() + b"\0")
+
+    make(11)
+    make(12)
+    monkeypatch.setattr(wd, "PROC", proc)
+    table = wd.ProcessTable(10)
+    assert [s.pid for s in table.stubs()] == [11, 12]
+    make(13)  # not seen by refresh: only a full scan finds new stubs
+    make(11, state="Z")
+    make(12, start=999)  # pid 12 died and was reused
+    assert [(s.pid, s.zombie) for s in table.refresh()] == [(11, True)]
+    assert sorted(s.pid for s in table.stubs()) == [11, 12, 13]
+
+
+def test_watchdog_scans_everything_after_a_load_and_otherwise_refreshes():
+    dog, _, _ = watchdog_with({})
+    calls = []
+    dog.table.stubs = lambda: calls.append("scan") or []
+    dog.table.refresh = lambda: calls.append("refresh") or []
+    dog.start()
+    dog.stop()
+    dog._check()
+    dog.notice_line('I1129 model_lifecycle.cc:839] "successfully loaded \'m\'"')
+    dog._check()
+    dog._check()
+    assert calls == ["scan", "refresh", "scan", "refresh"]
 
 
 def test_process_table_on_this_machine_is_cheap_and_empty_for_a_childless_parent():

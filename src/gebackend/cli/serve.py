@@ -151,8 +151,10 @@ def _start_watchdog(server: TritonServer, args: argparse.Namespace) -> Watchdog:
     elif not server.control.can_reload:
         why_not = f"self-healing needs --model-control-mode=explicit, this server runs '{server.control.mode}'"
         _say(f"self-healing is off: {why_not}")
-    return Watchdog(server.process.pid, server, _say, interval=args.watch_interval, heal=not why_not,
-                    why_not=why_not).start()
+    watchdog = Watchdog(server.process.pid, server, _say, interval=args.watch_interval, heal=not why_not,
+                        why_not=why_not)
+    server.watch_lines(watchdog.notice_line)  # a model loading: look for its new stubs at once
+    return watchdog.start()
 
 
 def _report_shutdown(result: Shutdown, exit_timeout: int) -> int:

@@ -57,44 +57,56 @@ def parse_stub(pid: int, stat: str, argv: list[str]) -> Stub | None:
     """
     if len(argv) < 9 or not argv[0].endswith(STUB_NAME):
         return None
-    fields = stat[stat.rfind(")") + 2:].split()
+    fields = _fields(stat)
     model = Path(argv[1]).parent.parent.name
     return Stub(pid, int(fields[19]), model, argv[8], fields[0] in ("Z", "X"))
 
 
 def _stat(pid: int) -> str | None:
     try:
-        return (PROC / str(pid) / "stat").read_text()
+        fd = os.open(f"{PROC}/{pid}/stat", os.O_RDONLY)
     except OSError:
         return None
+    try:
+        return os.read(fd, 1024).decode(errors="replace")
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
 
 
-def _parent(stat: str) -> int:
-    return int(stat[stat.rfind(")") + 2:].split()[1])
-
-
-def _started(stat: str) -> int:
-    return int(stat[stat.rfind(")") + 2:].split()[19])
+def _fields(stat: str) -> list[str]:
+    """The fields after the command name: [state, ppid, ...]; field 19 is the start time."""
+    return stat[stat.rfind(")") + 2:].split()
 
 
 class ProcessTable:
-    """Lists the stub children of one process from `/proc`, reading each command line once."""
+    """Lists the stub children of one process from `/proc`, reading each command line once.
+
+    `stubs()` scans every process (a few milliseconds); `refresh()` re-reads only the stubs the last scan
+    found (microseconds), which is all it takes to see one die.
+    """
 
     def __init__(self, parent_pid: int):
         self.parent_pid = parent_pid
         self._argv: dict[tuple[int, int], list[str]] = {}
+        self._last: list[Stub] = []
 
     def stubs(self) -> list[Stub]:
         found = []
         seen = set()
+        parent = str(self.parent_pid)
         for entry in os.scandir(PROC):
             if not entry.name.isdigit():
                 continue
             pid = int(entry.name)
             stat = _stat(pid)
-            if stat is None or _parent(stat) != self.parent_pid:
+            if stat is None:
                 continue
-            ident = (pid, _started(stat))
+            fields = _fields(stat)
+            if len(fields) < 20 or fields[1] != parent:
+                continue
+            ident = (pid, int(fields[19]))
             seen.add(ident)
             if ident not in self._argv:
                 try:
@@ -109,6 +121,20 @@ class ProcessTable:
                 found.append(stub)
         for ident in set(self._argv) - seen:
             del self._argv[ident]
+        self._last = found
+        return found
+
+    def refresh(self) -> list[Stub]:
+        """The stubs of the last scan still running as the same process, each with its current state."""
+        found = []
+        for stub in self._last:
+            stat = _stat(stub.pid)
+            if stat is None:
+                continue
+            fields = _fields(stat)
+            if len(fields) < 20 or int(fields[19]) != stub.started:
+                continue  # gone, and the pid reused
+            found.append(Stub(stub.pid, stub.started, stub.model, stub.instance, fields[0] in ("Z", "X")))
         return found
 
 
@@ -175,12 +201,28 @@ class Watchdog:
         self.restores: dict[str, int] = {}  # model -> restores done
         self.unrestored: set[str] = set()  # models that lost a stub and are not serving from fresh ones (yet)
         self._failures: dict[str, tuple[int, float]] = {}  # model -> (consecutive deaths, when restored)
+        self.full_scan_every = 15.0  # seconds; a load Triton logs asks for one at once
+        self._rescan = threading.Event()
+        self._last_full = 0.0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.busy = threading.Lock()  # held while stubs are checked and models restored, or by `paused()`
 
+    def notice_line(self, line: str) -> None:
+        """Fed every line tritonserver prints: a model (re)loading means new stubs, so look at all processes next."""
+        if "successfully loaded" in line or "loading: " in line or "successfully unloaded" in line:
+            self._rescan.set()
+
+    def _stubs(self) -> list[Stub]:
+        now = time.monotonic()
+        if self._rescan.is_set() or now - self._last_full >= self.full_scan_every:
+            self._rescan.clear()
+            self._last_full = now
+            return self.table.stubs()
+        return self.table.refresh()
+
     def start(self) -> "Watchdog":
-        self.tracker.update(self.table.stubs())
+        self.tracker.update(self._stubs())
         self._thread = threading.Thread(target=self._run, name="gebackend-watchdog", daemon=True)
         self._thread.start()
         return self
@@ -211,7 +253,8 @@ class Watchdog:
             try:
                 yield
             finally:
-                self.tracker.update(self.table.stubs())  # what changed meanwhile is known, not mourned
+                self._rescan.set()
+                self.tracker.update(self._stubs())  # what changed meanwhile is known, not mourned
 
     def check(self) -> list[str]:
         """One look at the stubs; restores the models that lost one. Returns the models restored."""
@@ -223,7 +266,7 @@ class Watchdog:
             self.busy.release()
 
     def _check(self) -> list[str]:
-        dead = self.tracker.update(self.table.stubs())
+        dead = self.tracker.update(self._stubs())
         if not dead:
             return []
         by_model: dict[str, list[Stub]] = {}
@@ -265,6 +308,7 @@ class Watchdog:
                     return False
             self.tracker.forget_model(model)
             self.repository.load_model(model)
+            self._rescan.set()  # its new stubs
         except Exception as exc:
             self.say(f"model '{model}': could not be restored: {exc}")
             self._failures[model] = (deaths + 1, time.monotonic())
