@@ -15,6 +15,7 @@ from gebackend.server.launcher import (
     ServerSettings,
     Shutdown,
     TritonServer,
+    flag_values,
     format_model_table,
     load_failure_reason,
     repository_fingerprints,
@@ -85,7 +86,7 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
         server.stop(timeout=10)
         print("gebackend: stopped", flush=True)
         return 0
-    _announce(settings, index)
+    _announce(settings, index, _control_line(server, args))
     watchdog = _start_watchdog(server, args)
     fingerprints = repository_fingerprints(settings.model_repository)
     while True:
@@ -105,6 +106,14 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
     watchdog.stop()
     result = server.shutdown(broken=watchdog.broken_models())
     return _report_shutdown(result, settings.exit_timeout)
+
+
+def _control_line(server: TritonServer, args: argparse.Namespace) -> str:
+    who = "clients too (--allow-model-control)" if args.allow_model_control else "this CLI only (clients get 403)"
+    if not server.control.can_reload:
+        return f"--model-control-mode={server.control.mode}; no self-healing, no reload on SIGHUP"
+    healing = "off (--no-self-healing)" if args.no_self_healing else "on"
+    return f"explicit, {who}; self-healing {healing}; SIGHUP reloads changed models"
 
 
 def _reload(server: TritonServer, watchdog: Watchdog, before: dict[str, tuple]) -> dict[str, tuple]:
@@ -179,13 +188,27 @@ def _report_shutdown(result: Shutdown, exit_timeout: int) -> int:
     return result.code if result.code > 0 else 1
 
 
-def _announce(settings: ServerSettings, index: list[dict]) -> None:
+def _where(address: str) -> str:
+    return "listening on every interface" if address in ("", "0.0.0.0", "::") else f"listening on {address}"
+
+
+def _host(address: str) -> str:
+    host = "127.0.0.1" if address in ("", "0.0.0.0", "::") else address
+    return f"[{host}]" if ":" in host else host
+
+
+def _announce(settings: ServerSettings, index: list[dict], control: str) -> None:
     failed = [e for e in index if e.get("state") != "READY"]
+    extra = settings.extra_args
+    http = (flag_values(extra, "--http-address") or ["0.0.0.0"])[-1]
+    grpc = (flag_values(extra, "--grpc-address") or ["0.0.0.0"])[-1]
+    metrics = (flag_values(extra, "--metrics-address") or [http])[-1]  # Triton's default follows --http-address
     lines = [
         f"gebackend: serving {settings.model_repository}",
-        f"  HTTP     http://127.0.0.1:{settings.http_port}",
-        f"  gRPC     127.0.0.1:{settings.grpc_port}",
-        f"  metrics  http://127.0.0.1:{settings.metrics_port}/metrics",
+        f"  HTTP     http://{_host(http)}:{settings.http_port}  ({_where(http)})",
+        f"  gRPC     {_host(grpc)}:{settings.grpc_port}  ({_where(grpc)})",
+        f"  metrics  http://{_host(metrics)}:{settings.metrics_port}/metrics  ({_where(metrics)})",
+        f"  model control: {control}",
         f"gebackend: {len(index) - len(failed)} of {len(index)} models ready",
         *format_model_table(index),
     ]
