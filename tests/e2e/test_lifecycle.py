@@ -376,3 +376,23 @@ def test_sighup_with_a_broken_file_reports_it_and_keeps_the_others(tmp_path):
         client.close()
     finally:
         assert server.stop() == 0, server.output()[-3000:]
+
+
+def test_kill_9_of_the_cli_takes_the_server_down_and_the_next_start_sweeps_the_rest(tmp_path):
+    repo = tmp_path / "repo"
+    add_model(repo, "add_mul", ADD_MUL_CONFIG, build_add_mul())
+    server = start_server(repo, tmp_path / "first.log")
+    footprint = Footprint.of(server)
+    server.process.kill()
+    server.process.wait()
+    deadline = time.monotonic() + 60  # tritonserver gets SIGTERM from its parent-death signal and stops by itself
+    while any(_running(p) for p in footprint.processes) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not any(_running(p) for p in footprint.processes)
+    # Only the CLI could remove its temp folder (and regions, if tritonserver left any): the next start does.
+    # (Any `gebackend serve` of this user sweeps, so on a shared machine another one may have done it first.)
+    second = start_server(repo, tmp_path / "second.log")
+    try:
+        assert footprint.leftovers() == []
+    finally:
+        assert second.stop() == 0

@@ -326,3 +326,24 @@ def test_paused_watchdog_skips_checks_and_does_not_mourn_what_changed_meanwhile(
         dog.table.now = []  # a failed reload attempt's stub came and went
     dog.table.now = [stub(2, "m_0", start=7)]
     assert dog.check() == [] and repo.calls == [] and not any("died" in line for line in said)
+
+
+def test_sweep_removes_only_what_dead_servers_left(tmp_path, monkeypatch):
+    from gebackend.server import registry
+
+    monkeypatch.setenv("GE_RUNTIME_DIR", str(tmp_path / "run"))
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    dead_pid = 2**22 + 12345  # above any pid_max default: no such process
+    for pid, port in ((dead_pid, 1), (os.getpid(), 2)):
+        workdir = tmp_path / f"gebackend-{port}"
+        (workdir / "control").mkdir(parents=True)
+        (shm / f"gebackend{pid}xabc_1").write_text("")
+        registry.register(port, workdir / "control")
+        entry = registry.registry_dir() / f"{port}.json"
+        entry.write_text(entry.read_text().replace(str(os.getpid()), str(pid)))
+    (tmp_path / "run" / "gebackend" / "servers" / "3.json").write_text("not json")
+    removed = registry.sweep_stale(shm)
+    assert removed == [str(tmp_path / "gebackend-1"), str(shm / f"gebackend{dead_pid}xabc_1")]
+    assert (tmp_path / "gebackend-2").is_dir() and (shm / f"gebackend{os.getpid()}xabc_1").exists()
+    assert sorted(p.name for p in registry.registry_dir().iterdir()) == ["2.json", "3.json"]

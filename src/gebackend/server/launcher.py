@@ -206,6 +206,8 @@ class TritonServer:
         for label, port in (("HTTP", s.http_port), ("gRPC", s.grpc_port), ("metrics", s.metrics_port)):
             if port_in_use(port):
                 raise LaunchError(f"{label} port {port} is already in use; choose another with --{label.lower()}-port")
+        for leftover in registry.sweep_stale(SHM_DIR):
+            self.log.write(f"gebackend: removed {leftover}, left by a server whose gebackend process was killed\n")
         self.workdir = Path(tempfile.mkdtemp(prefix="gebackend-"))
         backends = lay_out_backends(self.triton, self.workdir)
         self.control_dir = self.workdir / "control"

@@ -1,13 +1,15 @@
 """Where a running `gebackend serve` can be found by other gebackend commands on this machine.
 
 Each server registers its HTTP port with the folder its backend instances watch for control
-files (e.g. `gebackend profile start`); the entry is removed when the server stops.
+files (e.g. `gebackend profile start`); the entry is removed when the server stops. An entry whose
+CLI died without stopping (`kill -9`) lets the next `gebackend serve` remove what that server left.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 
 from gebackend.errors import GeBackendError
@@ -29,6 +31,39 @@ def register(http_port: int, control_dir: Path) -> Path:
 
 def unregister(http_port: int) -> None:
     (registry_dir() / f"{http_port}.json").unlink(missing_ok=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def sweep_stale(shm_dir: Path = Path("/dev/shm")) -> list[str]:
+    """Remove what servers whose CLI was killed (`kill -9`, a crash) left: their temp folder, their
+    `/dev/shm` regions (`gebackend<pid>x*`) and their entry. Returns what was removed."""
+    removed = []
+    for entry in sorted(registry_dir().glob("*.json")) if registry_dir().is_dir() else []:
+        try:
+            data = json.loads(entry.read_text())
+            pid, control = int(data["pid"]), Path(data["control_dir"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if _alive(pid):
+            continue
+        workdir = control.parent
+        if control.name == "control" and workdir.name.startswith("gebackend-") and workdir.is_dir():
+            shutil.rmtree(workdir, ignore_errors=True)
+            removed.append(str(workdir))
+        for region in sorted(shm_dir.glob(f"gebackend{pid}x*")) if shm_dir.is_dir() else []:
+            region.unlink(missing_ok=True)
+            removed.append(str(region))
+        entry.unlink(missing_ok=True)
+    return removed
 
 
 def control_dir_for(http_port: int) -> Path:
