@@ -183,3 +183,13 @@ def test_sample_inputs_are_valid_token_ids():
     feeds = model.sample_inputs(3)
     assert feeds["text"].shape == (3, 52) and feeds["text"].dtype == np.int64
     assert feeds["text"].min() >= 1 and feeds["text"].max() < 21128
+
+
+def test_ceiling_cpu_plan_splits_cores_like_pinned_instances(monkeypatch):
+    from gebackend.bench import inprocess
+
+    monkeypatch.setattr(inprocess.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    assert inprocess.plan_cpus(1) == [None]
+    assert inprocess.plan_cpus(2) == [frozenset({0, 1}), frozenset({2, 3})]
+    assert inprocess.plan_cpus(2, cores_per_instance=1) == [frozenset({0}), frozenset({1})]
+    assert inprocess.plan_cpus(3, cores_per_instance=2) == [frozenset({0, 1}), frozenset({2, 3}), frozenset({0, 1})]

@@ -10,11 +10,14 @@ windows, `--interval-ms`; the bench notes a level whose window is shorter than 5
 config batches, a queue in front of the executors plays Triton's dynamic batcher: each instance's worker
 takes every request waiting (up to max_batch_size) and runs them as one batch, with no queue delay. So the
 ceiling has what the server has except the server: gRPC, Triton's scheduler, and the Python backend's
-shared-memory hop to the stub process.
+shared-memory hop to the stub process. With several instances, each executor is built and run on threads
+pinned to the cores its served instance would get (the even split of `gebackend.runtime.pinning`, or
+`cores_per_instance` each), since the served instances are separate pinned processes.
 """
 
 from __future__ import annotations
 
+import os
 import queue
 import threading
 import time
@@ -49,6 +52,45 @@ def load_spec(model_dir: Path):
     return spec, config
 
 
+def plan_cpus(instances: int, cores_per_instance: int = 0) -> list[frozenset[int] | None]:
+    """The CPU set of each in-process instance: like pinned served instances when there are several
+    (`cores_per_instance` each, else the cores divided evenly), unpinned (None) for one instance."""
+    if instances <= 1:
+        return [None]
+    try:
+        cores = sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return [None] * instances
+    k = cores_per_instance or max(1, len(cores) // instances)
+    return [frozenset(cores[(i * k + j) % len(cores)] for j in range(k)) for i in range(instances)]
+
+
+def _pin(cpus) -> None:
+    if cpus:
+        try:
+            os.sched_setaffinity(0, cpus)  # Linux: 0 is the calling thread
+        except (AttributeError, OSError):
+            pass
+
+
+def _on_thread(cpus, build):
+    box: dict = {}
+
+    def run() -> None:
+        _pin(cpus)
+        try:
+            box["value"] = build()
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller
+            box["error"] = exc
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join()
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
 class Ceiling:
     """Executors for one scenario's model, loaded in this process."""
 
@@ -57,10 +99,13 @@ class Ceiling:
 
         self.spec, self.config = load_spec(model_dir)
         count = sum(int(g.get("count", 1)) for g in self.config.get("instance_group") or [{"count": 1}])
+        self.cpu_sets = plan_cpus(max(1, count), self.spec.options.cores_per_instance)
         self.executors = []
         self.how = ""
-        for _ in range(max(1, count)):
-            executor, self.how = load_executor(self.spec, log=lambda m: None)
+        for cpus in self.cpu_sets:
+            # Build each executor on a thread pinned like the served instance's process, so the engine's
+            # thread pool (created now, inheriting the affinity) runs on the same cores as when served.
+            executor, self.how = _on_thread(cpus, lambda: load_executor(self.spec, log=lambda m: None))
             self.executors.append(executor)
         self.batching = self.spec.batching and "dynamic_batching" in self.config
         self.max_batch = max(1, self.spec.max_batch_size) if self.batching else 1
@@ -79,7 +124,8 @@ class Ceiling:
         window = {"start": float("inf"), "end": float("inf")}
         errors: list[BaseException] = []
 
-        def worker(executor) -> None:
+        def worker(executor, cpus) -> None:
+            _pin(cpus)
             while not stop.is_set():
                 try:
                     first = requests.get(timeout=0.05)
@@ -116,7 +162,7 @@ class Ceiling:
                 if window["start"] <= answered <= window["end"]:
                     latencies.append(answered - sent)  # every answer inside the window counts (unbiased rate)
 
-        threads = [threading.Thread(target=worker, args=(e,), daemon=True) for e in self.executors]
+        threads = [threading.Thread(target=worker, args=(e, c), daemon=True) for e, c in zip(self.executors, self.cpu_sets)]
         threads += [threading.Thread(target=client, daemon=True) for _ in range(concurrency)]
         for t in threads:
             t.start()
