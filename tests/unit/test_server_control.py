@@ -347,3 +347,9 @@ def test_sweep_removes_only_what_dead_servers_left(tmp_path, monkeypatch):
     assert removed == [str(tmp_path / "gebackend-1"), str(shm / f"gebackend{dead_pid}xabc_1")]
     assert (tmp_path / "gebackend-2").is_dir() and (shm / f"gebackend{os.getpid()}xabc_1").exists()
     assert sorted(p.name for p in registry.registry_dir().iterdir()) == ["2.json", "3.json"]
+
+
+def test_allowed_model_control_still_uses_the_users_own_restriction():
+    control = ModelControl.decide(settings(["--grpc-restricted-protocol=model-repository:k=v"], allow=True), "s")
+    assert control.grpc_header == ("k", "v") and control.header is None
+    assert not any("restricted" in flag for flag in control.flags)

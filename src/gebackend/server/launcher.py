@@ -115,10 +115,10 @@ class ModelControl:
             flags.append("--model-control-mode=explicit")
             if not flag_values(extra, "--load-model"):
                 flags.append("--load-model=*")
-        header = grpc_header = None
+        # A restriction the user set himself is kept, and used by the CLI too.
+        header = user_http = restriction_for(flag_values(extra, "--http-restricted-api"))
+        grpc_header = user_grpc = restriction_for(flag_values(extra, "--grpc-restricted-protocol"))
         if not settings.allow_model_control:
-            user_http = restriction_for(flag_values(extra, "--http-restricted-api"))
-            user_grpc = restriction_for(flag_values(extra, "--grpc-restricted-protocol"))
             header = user_http or (CONTROL_HEADER, secret)
             grpc_header = user_grpc or (CONTROL_HEADER, secret)
             if user_http is None:
