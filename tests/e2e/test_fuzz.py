@@ -579,9 +579,7 @@ def test_a_64_mib_request_is_refused_and_nothing_dies(fuzz_server, protocol):
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
 @pytest.mark.parametrize("model", [
     "bert",
-    pytest.param("bert_buckets", marks=pytest.mark.xfail(strict=True, reason=(
-        "the static engine (engines/onnxruntime_static.py, IOBinding) reports onnxruntime's INVALID_ARGUMENT as a "
-        "RuntimeError, which runtime/runners.py answers 500; the dynamic engine answers 400"))),
+    "bert_buckets",
 ])
 def test_token_ids_out_of_range_are_a_4xx_on_every_engine(fuzz_server, model, protocol):
     server, _ = fuzz_server

@@ -131,3 +131,12 @@ def test_auto_engine_takes_openvino_for_bf16_when_installed():
     from gebackend.engines import engine_name
 
     assert engine_name(BackendOptions(engine="auto", precision_mode="bf16")) == "openvino"
+
+
+def test_out_of_range_token_id_is_the_requests_fault(tmp_path):
+    path = tmp_path / "model.onnx"
+    onnx.save(build_bert(), str(path))
+    graphs, _ = compile_static(path, [{"input_ids": (1, 4), "attention_mask": (1, 4)}], 1 << 20)
+    engine = OrtStaticEngine(graphs, BackendOptions())
+    with pytest.raises(EngineInputError, match="out of data bounds"):
+        engine.run({"input_ids": np.array([[1, 2, 5000, 3]]), "attention_mask": np.ones((1, 4), np.int64)}, ["pooler_output"])

@@ -22,6 +22,7 @@ from typing import Mapping, Sequence
 import numpy as np
 import onnx
 import onnxruntime as ort
+from onnxruntime.capi import onnxruntime_pybind11_state as ort_state
 from onnx import numpy_helper
 
 from gebackend.config.options import BackendOptions
@@ -259,7 +260,20 @@ class OrtStaticEngine(Engine):
             try:
                 return bound.run(feeds, output_names)
             except Exception as exc:
-                raise EngineRunError(f"{type(exc).__name__}: {exc}") from None
+                raise self._classify(bound, feeds, output_names, exc) from None
+
+    @staticmethod
+    def _classify(bound: _Bound, feeds, output_names, exc: Exception) -> Exception:
+        """run_with_iobinding reports every failure as a RuntimeError; a plain run of the same feeds (on the
+        error path only) tells the request's fault (INVALID_ARGUMENT, e.g. a token id outside the vocabulary)
+        from ours."""
+        try:
+            bound.session.run(list(output_names), dict(feeds))
+        except ort_state.InvalidArgument as again:
+            return EngineInputError(str(again))
+        except Exception:
+            pass
+        return EngineRunError(f"{type(exc).__name__}: {exc}")
 
     def start_profiling(self, prefix: Path) -> None:
         profiled = {
