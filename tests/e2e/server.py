@@ -45,7 +45,22 @@ class RunningServer:
         return self.process.wait(timeout=timeout)
 
 
-def start_server(repo: Path, log_path: Path, cli_args: list[str] = (), timeout: float = 240) -> RunningServer:
+def start_server(repo: Path, log_path: Path, cli_args: list[str] = (), timeout: float = 240, attempts: int = 3) -> RunningServer:
+    """Start `gebackend serve` on free ports; if another process takes a port between our pick and the
+    server's bind (the CLI then refuses at once), pick new ports and try again."""
+    for attempt in range(1, attempts + 1):
+        try:
+            return _start_once(repo, log_path, list(cli_args), timeout)
+        except PortTaken:
+            if attempt == attempts:
+                raise
+
+
+class PortTaken(RuntimeError):
+    pass
+
+
+def _start_once(repo: Path, log_path: Path, cli_args: list[str], timeout: float) -> RunningServer:
     ports = [free_port() for _ in range(3)]
     cmd = GEBACKEND + [
         "serve", str(repo),
@@ -60,7 +75,8 @@ def start_server(repo: Path, log_path: Path, cli_args: list[str] = (), timeout: 
         if "gebackend: ready" in server.output():
             return server
         if process.poll() is not None:
-            raise RuntimeError(f"gebackend serve exited with {process.returncode}:\n{server.output()[-5000:]}")
+            error = PortTaken if "is already in use" in server.output() else RuntimeError
+            raise error(f"gebackend serve exited with {process.returncode}:\n{server.output()[-5000:]}")
         time.sleep(0.25)
     server.stop()
     raise RuntimeError(f"gebackend serve not ready after {timeout}s:\n{server.output()[-5000:]}")
