@@ -140,3 +140,15 @@ def test_out_of_range_token_id_is_the_requests_fault(tmp_path):
     engine = OrtStaticEngine(graphs, BackendOptions())
     with pytest.raises(EngineInputError, match="out of data bounds"):
         engine.run({"input_ids": np.array([[1, 2, 5000, 3]]), "attention_mask": np.ones((1, 4), np.int64)}, ["pooler_output"])
+
+
+def test_only_the_source_files_weights_are_shared(tmp_path):
+    """Constants made by folding stay with their session: overriding them broke ORT on CN_CLIP's ViT."""
+    path = tmp_path / "model.onnx"
+    onnx.save(build_bert(), str(path))
+    original = {init.name for init in onnx.load(str(path)).graph.initializer}
+    graphs, _ = compile_static(path, [{"input_ids": (2, 16), "attention_mask": (2, 16)}], 1 << 20)
+    folded = {i.name for i in graphs[0].model.graph.initializer} - original
+    assert folded, "folding should have made new constants"
+    engine = OrtStaticEngine(graphs, BackendOptions())
+    assert set(engine._shared) <= original

@@ -34,10 +34,11 @@ def compile_static(
         raise ModelLoadError(f"cannot read {path}: {exc}") from None
     report = analyze(base, shape_sets[0], size_limit=size_limit)
     graphs = []
+    weights = frozenset(init.name for init in base.graph.initializer)
     for number, shapes in enumerate(shape_sets, start=1):
         started = time.perf_counter()
         model = fold_constants(specialize(base, shapes), size_limit)
-        graphs.append(CompiledGraph(dict(shapes), model))
+        graphs.append(CompiledGraph(dict(shapes), model, source_weights=weights))
         log(f"compiled static graph {number}/{len(shape_sets)} [{_fmt(shapes)}]: "
             f"{len(model.graph.node)} nodes in {time.perf_counter() - started:.2f}s")
     return graphs, report
