@@ -162,7 +162,10 @@ class _Port:
 class _Compiled:
     """One compiled model with its one infer request, its input checks and its output index."""
 
-    def __init__(self, model: ov.Model, options: BackendOptions, precision: Precision, what: str, profile: bool = False):
+    def __init__(self, model: ov.Model, options: BackendOptions, precision: Precision, what: str, profile: bool = False,
+                 known_inputs: Sequence[str] = ()):
+        """`known_inputs`: the ONNX file's input names. OpenVINO merges tensor names when it folds (CN_CLIP's
+        `image` port is also `/Cast_output_0`), so a port is called by the name the requests use."""
         try:
             self.compiled = core().compile_model(model, DEVICE, compile_config(options, precision, profile))
         except Exception as exc:
@@ -170,7 +173,8 @@ class _Compiled:
         self.request = self.compiled.create_infer_request()
         self.inputs: dict[str, _Port] = {}
         for index, port in enumerate(self.compiled.inputs):
-            spec = _Port(port.any_name, index, np.dtype(port.element_type.to_dtype()), port.partial_shape)
+            name = next((n for n in known_inputs if n in port.get_names()), port.any_name)
+            spec = _Port(name, index, np.dtype(port.element_type.to_dtype()), port.partial_shape)
             for name in port.get_names():
                 self.inputs[name] = spec
         self.input_names = list(dict.fromkeys(p.name for p in self.inputs.values()))
@@ -306,7 +310,8 @@ class OvEngine(Engine):
         self._profile: _Profile | None = None
 
     def _compile(self, profile: bool = False) -> _Compiled:
-        return _Compiled(self._model, self._options, self.precision, str(self._path), profile)
+        return _Compiled(self._model, self._options, self.precision, str(self._path), profile,
+                         known_inputs=[port.any_name for port in self._model.inputs])
 
     def run(self, feeds: Mapping[str, np.ndarray], output_names: Sequence[str]) -> list[np.ndarray]:
         with self._lock:
@@ -442,7 +447,7 @@ class OvStaticEngine(Engine):
     def _build(self, profile: bool = False) -> dict[tuple, _Bucket]:
         return {
             _key(g.shapes): _Bucket(_Compiled(m, self._options, self.precision, f"the static graph for {dict(g.shapes)}",
-                                              profile), g.shapes)
+                                              profile, known_inputs=list(g.shapes)), g.shapes)
             for g, m in zip(self._graphs, self._models)
         }
 
