@@ -105,9 +105,13 @@ def _int8(path: Path, out: Path, op_types: tuple[str, ...], log: Callable[[str],
 
     before = onnx.load(str(path), load_external_data=False)
     candidates = _count(before, op_types, weighted=True)
+    # Given a path, the quantizer writes `<stem>-inferred.onnx` beside it and deletes it after: two instances
+    # lowering the same file at once break each other (seen on CN_CLIP with 2 instances). A loaded model is
+    # quantized through a private temp folder instead; only models over 2 GB still go by path.
+    source = str(path) if _large(path) else onnx.load(str(path))
     with _quiet():
         quantize_dynamic(
-            str(path), str(out), op_types_to_quantize=list(op_types), weight_type=QuantType.QInt8,
+            source, str(out), op_types_to_quantize=list(op_types), weight_type=QuantType.QInt8,
             use_external_data_format=_large(path),
         )
     after = onnx.load(str(out), load_external_data=False)
