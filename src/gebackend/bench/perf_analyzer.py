@@ -136,10 +136,30 @@ def find_perf_analyzer() -> Path:
     on_path = shutil.which("perf_analyzer")
     if on_path:
         return Path(on_path)
+    installed = _install_into_checkout()
+    if installed is not None:
+        return installed
     raise PerfAnalyzerMissing(
         "perf_analyzer is not installed: run `make tools` (it unpacks it from the tritonclient 2.41.0 wheel "
         f"into tools/bin/), or set {ENV_VAR}"
     )
+
+
+def _install_into_checkout() -> Path | None:
+    """On a fresh checkout, do what `make tools` does (tools/install_perf_analyzer.sh), once, and say so."""
+    import subprocess
+    import sys
+
+    for root in _project_roots():
+        script = root / "tools" / "install_perf_analyzer.sh"
+        if script.is_file():
+            print(f"gebackend bench: perf_analyzer is missing; installing it with {script} (as `make tools` does)",
+                  file=sys.stderr, flush=True)
+            done = subprocess.run(["bash", str(script), sys.executable], cwd=root)
+            binary = root / "tools" / "bin" / "perf_analyzer"
+            if done.returncode == 0 and binary.is_file():
+                return binary
+    return None
 
 
 def environment(binary: Path) -> dict[str, str]:
