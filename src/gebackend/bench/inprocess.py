@@ -12,7 +12,11 @@ takes every request waiting (up to max_batch_size) and runs them as one batch, w
 ceiling has what the server has except the server: gRPC, Triton's scheduler, and the Python backend's
 shared-memory hop to the stub process. With several instances, each executor is built and run on threads
 pinned to the cores its served instance would get (the even split of `gebackend.runtime.pinning`, or
-`cores_per_instance` each), since the served instances are separate pinned processes.
+`cores_per_instance` each), since the served instances are separate pinned processes. That is only an
+approximation: an engine whose thread pool is process-wide (OpenVINO's, ONNX Runtime's global pools) creates
+it once, on the first instance's cores, so several instances in one process can share one instance's cores.
+Measured on the 4-layer CN_CLIP image encoder: with the dynamic ONNX Runtime engine served reached 91 % of
+this ceiling; with the static ORT engine and OpenVINO bf16 it reached 166-189 %: a lower bound there.
 """
 
 from __future__ import annotations
