@@ -39,10 +39,14 @@ class RunningServer:
     def output(self) -> str:
         return self.log_path.read_text(errors="replace")
 
-    def stop(self, timeout: float = 60) -> int:
+    def stop(self, timeout: float = 120) -> int:
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
-        return self.process.wait(timeout=timeout)
+        try:
+            return self.process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            raise AssertionError(f"gebackend serve did not stop within {timeout:.0f}s of SIGTERM:\n{self.output()[-3000:]}") from None
 
 
 def start_server(repo: Path, log_path: Path, cli_args: list[str] = (), timeout: float = 240, attempts: int = 3) -> RunningServer:
