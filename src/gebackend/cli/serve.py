@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -69,10 +68,10 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
         exit_timeout=args.exit_timeout,
         allow_model_control=args.allow_model_control,
     )
-    stop, reload, wake = threading.Event(), threading.Event(), threading.Event()
+    stop, reload = SignalFlag(), SignalFlag()
     for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: (stop.set(), wake.set()))
-    signal.signal(signal.SIGHUP, lambda *_: (reload.set(), wake.set()))
+        signal.signal(sig, lambda *_: stop.set())
+    signal.signal(signal.SIGHUP, lambda *_: reload.set())
     server = TritonServer(settings)
     try:
         server.start()
@@ -95,8 +94,7 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
             code = server.stop()
             print(f"gebackend: tritonserver exited unexpectedly with code {code}", file=sys.stderr)
             return code or 1
-        wake.wait(0.5)
-        wake.clear()
+        time.sleep(0.25)  # a signal cuts the sleep short; the handler has already set its flag
         if stop.is_set():
             break
         if reload.is_set():
@@ -106,6 +104,24 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
     watchdog.stop()
     result = server.shutdown(broken=watchdog.broken_models())
     return _report_shutdown(result, settings.exit_timeout)
+
+
+class SignalFlag:
+    """Set by a signal handler: a plain attribute, no lock. A handler that takes a lock (threading.Event.set)
+    deadlocks when the signal lands while the main thread holds that same lock inside Event.wait/clear: seen
+    as a `gebackend serve` that ignored SIGTERM for good."""
+
+    def __init__(self) -> None:
+        self.value = False
+
+    def set(self) -> None:
+        self.value = True
+
+    def clear(self) -> None:
+        self.value = False
+
+    def is_set(self) -> bool:
+        return self.value
 
 
 def _control_line(server: TritonServer, args: argparse.Namespace) -> str:
