@@ -464,22 +464,28 @@ def analyze(
     shapes: Mapping[str, Sequence[int]] | None = None,
     size_limit: int | None = 1 << 20,
     providers: Sequence[str] | None = None,
+    folded: onnx.ModelProto | None = None,
 ) -> DoctorReport:
     """Diagnose `model` for the static graph mode; see the module docstring. `model` is not changed.
 
     `shapes` fixes graph-input dims first (a `ConfigError` if they do not fit); `size_limit` is the folding
-    limit in bytes (None: fold everything); `providers` restricts the accelerators tried for host ops.
+    limit in bytes (None: fold everything); `providers` restricts the accelerators tried for host ops;
+    `folded`: the model already specialised to `shapes` and folded (the compile pipeline has it), so that
+    work is not done twice.
     """
     if size_limit is not None and size_limit < 1:
         raise ValueError(f"size_limit must be at least 1 byte, or None for no limit; got {size_limit}")
     notes: list[str] = []
     groups = find_foldable(model)
-    work = specialize(model, shapes) if shapes else model
-    try:
-        analysed = fold_constants(work, size_limit)
-    except Exception as exc:  # noqa: BLE001 - report on the unfolded model rather than not at all
-        notes.append(f"constant folding failed, analysing the unfolded model: {type(exc).__name__}: {exc}")
-        analysed = onnx.shape_inference.infer_shapes(work, strict_mode=False, data_prop=True)
+    if folded is not None:
+        analysed = folded
+    else:
+        work = specialize(model, shapes) if shapes else model
+        try:
+            analysed = fold_constants(work, size_limit)
+        except Exception as exc:  # noqa: BLE001 - report on the unfolded model rather than not at all
+            notes.append(f"constant folding failed, analysing the unfolded model: {type(exc).__name__}: {exc}")
+            analysed = onnx.shape_inference.infer_shapes(work, strict_mode=False, data_prop=True)
     produced = {o for n in analysed.graph.node for o in n.output}
     for group in groups:
         group.folded = group.output not in produced

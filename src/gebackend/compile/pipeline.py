@@ -32,7 +32,6 @@ def compile_static(
         base = onnx.load(str(path))
     except Exception as exc:
         raise ModelLoadError(f"cannot read {path}: {exc}") from None
-    report = analyze(base, shape_sets[0], size_limit=size_limit)
     graphs = []
     weights = frozenset(init.name for init in base.graph.initializer)
     for number, shapes in enumerate(shape_sets, start=1):
@@ -41,4 +40,5 @@ def compile_static(
         graphs.append(CompiledGraph(dict(shapes), model, source_weights=weights))
         log(f"compiled static graph {number}/{len(shape_sets)} [{_fmt(shapes)}]: "
             f"{len(model.graph.node)} nodes in {time.perf_counter() - started:.2f}s")
+    report = analyze(base, shape_sets[0], size_limit=size_limit, folded=graphs[0].model)
     return graphs, report
