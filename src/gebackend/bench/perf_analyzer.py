@@ -224,6 +224,14 @@ class PerfResult:
     unstable: list[int] = field(default_factory=list)  # levels measured only with the loose retry (noisy machine)
 
 
+
+def _run(cmd: list[str], binary: Path, timeout_s: float) -> subprocess.CompletedProcess | None:
+    """One perf_analyzer process; None when it ran over `timeout_s`."""
+    try:
+        return subprocess.run(cmd, env=environment(binary), capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return None
+
 def run(
     binary: Path,
     model: str,
@@ -241,10 +249,8 @@ def run(
         csv_path = workdir / f"perf_c{level}.csv"
         cmd = command(binary, model, url, level, csv_path, settings, shapes, input_data)
         log("bench:   $ " + " ".join(cmd))
-        try:
-            done = subprocess.run(cmd, env=environment(binary), capture_output=True, text=True,
-                                  timeout=settings.timeout_s)
-        except subprocess.TimeoutExpired:
+        done = _run(cmd, binary, settings.timeout_s)
+        if done is None:
             failures.append(f"concurrency {level}: perf_analyzer ran over {settings.timeout_s:.0f}s")
             continue
         (workdir / f"perf_c{level}.log").write_text(done.stdout + done.stderr)
@@ -255,10 +261,8 @@ def run(
                             measurement_interval_ms=2 * settings.measurement_interval_ms)
             cmd = command(binary, model, url, level, csv_path, loose, shapes, input_data)
             log(f"bench:   unstable; again with -s {LOOSE}: $ " + " ".join(cmd))
-            try:
-                done = subprocess.run(cmd, env=environment(binary), capture_output=True, text=True,
-                                      timeout=settings.timeout_s)
-            except subprocess.TimeoutExpired:
+            done = _run(cmd, binary, settings.timeout_s)
+            if done is None:
                 failures.append(f"concurrency {level}: perf_analyzer ran over {settings.timeout_s:.0f}s")
                 continue
             (workdir / f"perf_c{level}.retry.log").write_text(done.stdout + done.stderr)
