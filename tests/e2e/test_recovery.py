@@ -21,7 +21,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
-from gebackend.modelzoo import build_add_mul
+from gebackend.modelzoo import build_add_mul, build_spin
 
 from .conftest import add_model
 from .server import RunningServer, start_server
@@ -30,6 +30,8 @@ pytestmark = pytest.mark.e2e
 
 CONFIG = 'backend: "ge"\nmax_batch_size: 8\n'
 TWO_INSTANCES = CONFIG + "instance_group [ { count: 2, kind: KIND_CPU } ]\n"
+HANG_TIMEOUT_S = 3
+SPIN = CONFIG + f'parameters {{ key: "hang_timeout_s" value: {{ string_value: "{HANG_TIMEOUT_S}" }} }}\n'
 RESTORE_LIMIT_S = 15.0  # measured 2.5-4 s on 2 busy cores: noticing (<= 0.5 s), the request that met the dead stub, the reload
 
 
@@ -39,6 +41,7 @@ def healing_server(tmp_path_factory):
     add_model(repo, "victim", CONFIG, build_add_mul())
     add_model(repo, "bystander", CONFIG, build_add_mul())
     add_model(repo, "twins", TWO_INSTANCES, build_add_mul())
+    add_model(repo, "spinner", SPIN, build_spin())
     server = start_server(repo, repo.parent / "serve.log")
     yield server
     server.stop()
@@ -232,3 +235,84 @@ def test_allowed_model_control_is_not_fought_by_the_watchdog(tmp_path):
         client.close()
     finally:
         assert server.stop() == 0
+
+
+def ended(process: psutil.Process) -> bool:
+    try:
+        return process.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def spin(client, iterations: int) -> np.ndarray:
+    x = httpclient.InferInput("x", [1, 4], "FP32")
+    x.set_data_from_numpy(np.ones((1, 4), np.float32))
+    count = httpclient.InferInput("iterations", [1, 1], "INT64")
+    count.set_data_from_numpy(np.array([[iterations]], np.int64))
+    return client.infer("spinner", [x, count]).as_numpy("y")
+
+
+def wait_for_spinner(server: RunningServer, since: float, limit: float) -> float:
+    """Seconds from `since` until the spinner answers a short request correctly again."""
+    client = httpclient.InferenceServerClient(server.http_url, network_timeout=30)
+    try:
+        while time.monotonic() - since < limit:
+            try:
+                np.testing.assert_array_equal(spin(client, 5), np.full((1, 4), 6.0, np.float32))
+                return time.monotonic() - since
+            except Exception:
+                time.sleep(0.2)
+        raise AssertionError(f"spinner did not answer again within {limit}s\n{server.output()[-3000:]}")
+    finally:
+        client.close()
+
+
+def test_an_instance_hung_inside_a_run_is_killed_and_its_model_restored(healing_server):
+    """A request that makes the engine loop for days (Triton's own health check calls such a stub healthy, and the
+    request would wait forever): after hang_timeout_s the watchdog kills the stub; the request fails with 500."""
+    server = healing_server
+    client = httpclient.InferenceServerClient(server.http_url, network_timeout=120)
+    np.testing.assert_array_equal(spin(client, 1000), np.full((1, 4), 1001.0, np.float32))
+    old = stubs(server)["spinner_0"]
+    with Traffic(server, "bystander") as bystander:
+        sent = time.monotonic()
+        with pytest.raises(Exception) as info:
+            spin(client, 10**13)  # about three months of additions
+        failed_after = time.monotonic() - sent
+        back_after = wait_for_spinner(server, sent, HANG_TIMEOUT_S + RESTORE_LIMIT_S)
+    client.close()
+    print(f"\nhung request failed after {failed_after:.1f}s; spinner answered again {back_after:.1f}s after it was sent")
+    assert "is not healthy" in str(info.value), info.value
+    assert HANG_TIMEOUT_S <= failed_after < HANG_TIMEOUT_S + 8
+    assert ended(old)
+    assert stubs(server)["spinner_0"].pid != old.pid
+    assert bystander.failures() == [] and len(bystander.outcomes) > 20
+    out = server.output()
+    assert f"model 'spinner': instance 'spinner_0' (pid {old.pid}) is hung: inside one execute() for" in out
+    assert f"'spinner_0' (pid {old.pid}) was killed (hung); reloading the model" in out
+
+
+def test_a_frozen_instance_is_killed_and_its_model_restored(healing_server):
+    """SIGSTOP: Triton calls the stub unhealthy and answers 500 to every request, but never restarts it."""
+    server = healing_server
+    old = stubs(server)["spinner_0"]
+    with Traffic(server, "bystander") as bystander:
+        stopped = time.monotonic()
+        old.suspend()
+        back_after = wait_for_spinner(server, stopped, HANG_TIMEOUT_S + RESTORE_LIMIT_S)
+    assert back_after >= HANG_TIMEOUT_S - 1
+    assert ended(old)
+    assert bystander.failures() == []
+    assert f"instance 'spinner_0' (pid {old.pid}) is hung: silent for" in server.output()
+
+
+def test_a_long_run_within_the_timeout_is_left_alone(healing_server):
+    server = healing_server
+    old = stubs(server)["spinner_0"]
+    client = httpclient.InferenceServerClient(server.http_url, network_timeout=60)
+    started = time.monotonic()
+    iterations = 1_500_000  # ~1 s here: spans a heartbeat, well within the 3 s timeout
+    np.testing.assert_array_equal(spin(client, iterations), np.full((1, 4), iterations + 1.0, np.float32))
+    took = time.monotonic() - started
+    client.close()
+    assert stubs(server)["spinner_0"].pid == old.pid, f"killed after {took:.1f}s"

@@ -103,6 +103,9 @@ def test_graph_optimization_level_names(text, expected):
         ("execution_mode", "concurrent"),
         ("graph_optimization_level", "max"),
         ("graph_optimization_level", "99"),
+        ("hang_timeout_s", "-1"),
+        ("hang_timeout_s", "nan"),
+        ("hang_timeout_s", "soon"),
     ],
 )
 @pytest.mark.parametrize("source", ["global", "model"])
@@ -123,6 +126,12 @@ def test_invalid_value_names_model_key_value_source(key, value, source):
     else:
         assert "config.pbtxt parameters" in message
         assert "--backend-config" not in message
+
+
+def test_hang_timeout_is_seconds_with_zero_meaning_never():
+    assert parse_options("m", {}, {}).options.hang_timeout_s == 120.0
+    assert parse_options("m", {"hang_timeout_s": "0"}, {}).options.hang_timeout_s == 0.0
+    assert parse_options("m", {"hang_timeout_s": "30"}, {"hang_timeout_s": "2.5"}).options.hang_timeout_s == 2.5
 
 
 def test_invalid_global_value_raises_even_if_model_overrides():

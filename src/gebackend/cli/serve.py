@@ -177,7 +177,7 @@ def _start_watchdog(server: TritonServer, args: argparse.Namespace) -> Watchdog:
         why_not = f"self-healing needs --model-control-mode=explicit, this server runs '{server.control.mode}'"
         _say(f"self-healing is off: {why_not}")
     watchdog = Watchdog(server.process.pid, server, _say, interval=args.watch_interval, heal=not why_not,
-                        why_not=why_not)
+                        why_not=why_not, control_dir=server.control_dir)
     server.watch_lines(watchdog.notice_line)  # a model loading: look for its new stubs at once
     return watchdog.start()
 

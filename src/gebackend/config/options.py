@@ -48,6 +48,13 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _non_negative_seconds(text: str) -> float:
+    value = float(text.strip())
+    if not value >= 0:  # also refuses nan
+        raise ValueError("expected a number of seconds >= 0")
+    return value
+
+
 def _name_list(text: str) -> tuple[str, ...]:
     return tuple(part.strip() for part in text.split(",") if part.strip())
 
@@ -123,6 +130,8 @@ class BackendOptions:
     pin_instances: str = "auto"  # "auto": pin when the model has several instances or sets cores_per_instance; "on" | "off"
     disable_prepacking: bool = False  # ORT packs MatMul weights per session: off saves ~the MatMul weights per bucket
     allow_spinning: str = "auto"  # ORT intra-op spinning: "auto" (off when pinned instances share cores) | "on" | "off"
+    # An instance inside one execute() this long, or frozen this long, is killed and its model restored (server/heartbeat.py); 0: never
+    hang_timeout_s: float = 120.0
 
 
 # key -> (field name, parser). Aliases map several keys onto one field.
@@ -155,6 +164,7 @@ _KEYS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "pin_instances": ("pin_instances", _choice({"auto": "auto", **{k: "on" for k in _TRUE}, **{k: "off" for k in _FALSE}})),
     "disable_prepacking": ("disable_prepacking", _bool),
     "allow_spinning": ("allow_spinning", _choice({"auto": "auto", **{k: "on" for k in _TRUE}, **{k: "off" for k in _FALSE}})),
+    "hang_timeout_s": ("hang_timeout_s", _non_negative_seconds),
 }
 
 KNOWN_KEYS = frozenset(_KEYS)

@@ -15,6 +15,7 @@ from .misc import (
     build_identity_fixed,
     build_mod_constant,
     build_nonzero,
+    build_spin,
 )
 from .resnet import build_resnet
 
@@ -28,6 +29,7 @@ __all__ = [
     "build_mod_constant",
     "build_nonzero",
     "build_resnet",
+    "build_spin",
 ]
 
 #: Example model directory name -> builder producing its ``1/model.onnx``.

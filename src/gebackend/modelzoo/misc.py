@@ -1,4 +1,5 @@
 """Tiny test models: ``build_add_mul`` (dynamic batch, two outputs), ``build_identity_fixed`` (static, no batch dim),
+``build_spin`` (runs as long as asked),
 and the graph-pass fixtures ``build_mod_constant``, ``build_constant_of_shape_weight`` and ``build_nonzero``.
 """
 
@@ -81,4 +82,28 @@ def build_nonzero() -> onnx.ModelProto:
         [tensor_info("x", FLOAT, ["batch", 4])],
         [tensor_info("doubled", FLOAT, ["batch", 4]), tensor_info("indices", INT64, ["nnz", 2])],
         doc="NonZero: an output shape that depends on the data (gebackend test model).",
+    )
+
+
+def build_spin() -> onnx.ModelProto:
+    """``y = x + max(iterations)`` for ``x`` float32 ``[batch, 4]`` and ``iterations`` int64 ``[batch, 1]``, computed by a
+    ``Loop`` adding 1 that many times: a request's own input sets how long the engine runs (a request that "hangs").
+    """
+    g = GraphBuilder("spin")
+    trips = g.op("ReduceMax", "iterations", name="trips", keepdims=0)
+    body = helper.make_graph(
+        [helper.make_node("Add", ["acc_in", "body_one"], ["acc_out"], name="step"),
+         helper.make_node("Identity", ["cond_in"], ["cond_out"], name="keep_going")],
+        "spin_body",
+        [tensor_info("i", INT64, []), helper.make_tensor_value_info("cond_in", onnx.TensorProto.BOOL, []),
+         tensor_info("acc_in", FLOAT, ["batch", 4])],
+        [helper.make_tensor_value_info("cond_out", onnx.TensorProto.BOOL, []), tensor_info("acc_out", FLOAT, ["batch", 4])],
+        [helper.make_tensor("body_one", FLOAT, [], [1.0])],
+    )
+    y = g.fresh("y")
+    g.nodes.append(helper.make_node("Loop", [trips, "", "x"], [y], name="spin", body=body))
+    return g.build(
+        [tensor_info("x", FLOAT, ["batch", 4]), tensor_info("iterations", INT64, ["batch", 1])],
+        [tensor_info("y", FLOAT, ["batch", 4])],
+        doc="Loop whose trip count is an input: runs as long as the request asks (gebackend test model).",
     )

@@ -14,17 +14,24 @@ Triton logs a model loading), remembers which model instance each one serves, an
 gone or a zombie while no other live stub serves that instance, and Triton still calls the model
 READY, it unloads the model and loads it again through the CLI's model-repository access, and
 logs both. A model that keeps dying is reloaded after a growing pause (1 s, 2 s, 4 s ... 60 s).
+
+A stub that is alive but hung (inside one run, or frozen, for longer than its model's
+`hang_timeout_s`) is told by its heartbeat (server/heartbeat.py): the watchdog kills it, and it is
+then restored like any dead stub.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Protocol
+
+from gebackend.server.heartbeat import heartbeat_file, read_beat
 
 STUB_NAME = "triton_python_backend_stub"
 PROC = Path("/proc")
@@ -190,6 +197,7 @@ class Watchdog:
         stable_after: float = 60.0,
         heal: bool = True,
         why_not: str = "",
+        control_dir: Path | None = None,
     ):
         self.table = ProcessTable(server_pid)
         self.tracker = StubTracker()
@@ -199,6 +207,8 @@ class Watchdog:
         self.stable_after = stable_after  # a model that ran this long since its last restore starts afresh
         self.heal = heal  # False: only notice and report (self-healing off, or impossible in this mode)
         self.why_not = why_not
+        self.control_dir = control_dir  # where instances beat (None: hung stubs go unnoticed)
+        self._hung: dict[tuple[int, int], str] = {}  # stubs found hung (killed, or only reported): why
         self.restores: dict[str, int] = {}  # model -> restores done
         self.unrestored: set[str] = set()  # models that lost a stub and are not serving from fresh ones (yet)
         self._failures: dict[str, tuple[int, float]] = {}  # model -> (consecutive deaths, when restored)
@@ -267,7 +277,11 @@ class Watchdog:
             self.busy.release()
 
     def _check(self) -> list[str]:
+        self._hung = {ident: why for ident, why in self._hung.items() if ident in self.tracker.known}  # mourned
         dead = self.tracker.update(self._stubs())
+        for stub in dead:
+            self._forget_beat(stub)
+        self._kill_hung()
         if not dead:
             return []
         by_model: dict[str, list[Stub]] = {}
@@ -277,19 +291,46 @@ class Watchdog:
         restored = []
         for model, stubs in sorted(by_model.items()):
             what = ", ".join(f"'{s.instance}' (pid {s.pid})" for s in stubs)
+            how = "was killed (hung)" if all((s.pid, s.started) in self._hung for s in stubs) else "died"
             if states.get(model) != "READY":
                 continue  # being unloaded or reloaded on purpose: its stubs end normally
             self.unrestored.add(model)
             if not self.heal:
-                self.say(f"model '{model}': stub process of instance {what} died; not reloading it ({self.why_not}): "
+                self.say(f"model '{model}': stub process of instance {what} {how}; not reloading it ({self.why_not}): "
                          "requests to it fail until it is reloaded")
                 continue
             if self._stop.is_set():
                 return restored
-            self.say(f"model '{model}': stub process of instance {what} died; reloading the model")
+            self.say(f"model '{model}': stub process of instance {what} {how}; reloading the model")
             if self._restore(model):
                 restored.append(model)
         return restored
+
+    def _kill_hung(self) -> None:
+        """Kill the known stubs whose heartbeat says they hang; the next look finds them dead and restores them."""
+        if self.control_dir is None:
+            return
+        now = time.monotonic()
+        for ident, stub in list(self.tracker.known.items()):
+            if ident in self._hung:
+                continue
+            beat = read_beat(heartbeat_file(self.control_dir, stub.pid, stub.started))
+            why = beat.hung(now) if beat is not None else None
+            if why is None:
+                continue
+            self._hung[ident] = why
+            if not self.heal:
+                self.say(f"model '{stub.model}': instance '{stub.instance}' (pid {stub.pid}) is hung: {why}; "
+                         f"not killing it ({self.why_not}): its requests wait until it is reloaded")
+                continue
+            self.say(f"model '{stub.model}': instance '{stub.instance}' (pid {stub.pid}) is hung: {why}; killing it")
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(stub.pid, signal.SIGKILL)
+
+    def _forget_beat(self, stub: Stub) -> None:
+        if self.control_dir is not None:
+            with contextlib.suppress(OSError):
+                heartbeat_file(self.control_dir, stub.pid, stub.started).unlink()
 
     def _restore(self, model: str) -> bool:
         """Unload and load `model` again (the caller holds `busy`). False if it could not be restored."""

@@ -7,6 +7,7 @@ so it is passed in rather than imported; everything else here is plain Python.
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,8 @@ from gebackend.errors import GeBackendError, InvalidRequest
 from gebackend.runtime.executor import Executor
 from gebackend.runtime.loader import load_executor
 from gebackend.profiling.control import ProfilingControl
+from gebackend.server.heartbeat import Heartbeat
+from gebackend.server.registry import CONTROL_ENV_VAR
 from gebackend.triton.metrics import BackendMetrics
 
 
@@ -89,12 +92,13 @@ class ServedModel:
     """One loaded instance of a model: its spec and executor, speaking pb_utils at the edges."""
 
     def __init__(self, spec: ModelSpec, executor: Executor, pb_utils: Any, profiling: ProfilingControl | None = None,
-                 metrics: BackendMetrics | None = None):
+                 metrics: BackendMetrics | None = None, heartbeat: Heartbeat | None = None):
         self.spec = spec
         self.executor = executor
         self.pb = pb_utils
         self.profiling = profiling
         self.metrics = metrics
+        self.heartbeat = heartbeat
 
     @classmethod
     def load(cls, args: dict, pb_utils: Any) -> "ServedModel":
@@ -126,9 +130,18 @@ class ServedModel:
             profiling = ProfilingControl(name, args["model_instance_name"], engines, spec.options.profiling,
                                          spec.options.profiling_dir, say)
         metrics = BackendMetrics(pb_utils, name, executor.runner, seconds) if hasattr(pb_utils, "MetricFamily") else None
-        return cls(spec, executor, pb_utils, profiling, metrics)
+        return cls(spec, executor, pb_utils, profiling, metrics, _heartbeat(spec))
 
     def execute(self, requests: list) -> list:
+        if self.heartbeat is None:
+            return self._execute(requests)
+        self.heartbeat.enter()
+        try:
+            return self._execute(requests)
+        finally:
+            self.heartbeat.leave()
+
+    def _execute(self, requests: list) -> list:
         pb = self.pb
         started = time.monotonic_ns()
         batch = [{t.name(): _to_engine(t.as_numpy()) for t in request.inputs()} for request in requests]
@@ -151,11 +164,21 @@ class ServedModel:
         return responses
 
     def close(self) -> None:
+        if self.heartbeat is not None:
+            self.heartbeat.close()
         if self.profiling is not None:
             capture = self.profiling.close()
             if capture is not None:
                 _render_quietly(capture, self.pb.Logger)
         self.executor.close()
+
+
+def _heartbeat(spec: ModelSpec) -> Heartbeat | None:
+    """Beat for the watchdog of `gebackend serve` (none without it, or with hang_timeout_s=0)."""
+    control = os.environ.get(CONTROL_ENV_VAR)
+    if not control or spec.options.hang_timeout_s <= 0:
+        return None
+    return Heartbeat(Path(control), spec.options.hang_timeout_s)
 
 
 def _render_quietly(capture: Path, log: Any) -> None:
