@@ -188,6 +188,44 @@ def test_stop_right_after_a_stub_was_killed_is_clean(tmp_path, healing):
     assert footprint.leftovers() == [], out[-2000:]
 
 
+def test_a_crashed_tritonserver_is_started_again(tmp_path):
+    """Seen in a soak on an overloaded machine: tritonserver 2.51 itself died of SIGSEGV inside the Python backend.
+    The CLI starts it again on the same ports (nothing of the dead one left behind) and keeps serving."""
+    repo = tmp_path / "repo"
+    add_model(repo, "add_mul", ADD_MUL_CONFIG, build_add_mul())
+    server = start_server(repo, tmp_path / "serve.log")
+    first = Footprint.of(server)
+    triton = next(p for p in first.processes if p.name() == "tritonserver")
+    triton.send_signal(signal.SIGSEGV)
+    deadline = time.monotonic() + 120
+    while "tritonserver restarted: 1 of 1 models ready" not in server.output():
+        assert time.monotonic() < deadline and server.process.poll() is None, server.output()[-3000:]
+        time.sleep(0.2)
+    out = server.output()
+    assert "gebackend: tritonserver exited unexpectedly with code -11; starting it again" in out
+    assert first.leftovers() == [], "the crashed server's processes, shm regions and temp folder are gone"
+    second = Footprint.of(server)
+    for module in (httpclient, grpcclient):
+        client = module.InferenceServerClient(server.http_url if module is httpclient else server.grpc_url)
+        result = client.infer("add_mul", add_mul_request(module, 2.0))
+        np.testing.assert_array_equal(result.as_numpy("sum"), np.full((1, 4), 4, np.float32))
+        client.close()
+    code, _ = stop_with(server, signal.SIGTERM)
+    assert code == 0, server.output()[-3000:]
+    assert second.leftovers() == []
+
+
+def test_without_self_healing_a_crashed_tritonserver_ends_the_cli(tmp_path):
+    repo = tmp_path / "repo"
+    add_model(repo, "add_mul", ADD_MUL_CONFIG, build_add_mul())
+    server = start_server(repo, tmp_path / "serve.log", ["--no-self-healing"])
+    footprint = Footprint.of(server)
+    next(p for p in footprint.processes if p.name() == "tritonserver").send_signal(signal.SIGSEGV)
+    assert server.process.wait(timeout=60) != 0
+    assert "tritonserver exited unexpectedly with code -11" in server.output()
+    assert footprint.leftovers() == []
+
+
 def test_the_exit_timeout_bounds_the_drain(tmp_path):
     repo = tmp_path / "repo"
     add_model(repo, "queued", QUEUED_CONFIG, build_add_mul())

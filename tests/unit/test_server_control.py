@@ -353,3 +353,18 @@ def test_allowed_model_control_still_uses_the_users_own_restriction():
     control = ModelControl.decide(settings(["--grpc-restricted-protocol=model-repository:k=v"], allow=True), "s")
     assert control.grpc_header == ("k", "v") and control.header is None
     assert not any("restricted" in flag for flag in control.flags)
+
+
+def test_tritonserver_crashes_back_off_and_a_stable_run_starts_the_count_afresh():
+    from gebackend.cli.serve import Crashes
+
+    now = [0.0]
+    crashes = Crashes(stable_after=60.0, clock=lambda: now[0])
+    pauses = []
+    for t in (100.0, 101.0, 103.0, 107.0):
+        now[0] = t
+        pauses.append(crashes.record())
+    assert pauses == [0.0, 1.0, 2.0, 4.0]
+    assert crashes.describe() == " (4 times in a row)"
+    now[0] = 200.0  # ran 93 s since the last crash
+    assert crashes.record() == 0.0 and crashes.describe() == "" and crashes.total == 5

@@ -225,7 +225,7 @@ class PerfResult:
 
 
 
-def _run(cmd: list[str], binary: Path, timeout_s: float) -> subprocess.CompletedProcess | None:
+def run_once(cmd: list[str], binary: Path, timeout_s: float) -> subprocess.CompletedProcess | None:
     """One perf_analyzer process; None when it ran over `timeout_s`."""
     try:
         return subprocess.run(cmd, env=environment(binary), capture_output=True, text=True, timeout=timeout_s)
@@ -249,7 +249,7 @@ def run(
         csv_path = workdir / f"perf_c{level}.csv"
         cmd = command(binary, model, url, level, csv_path, settings, shapes, input_data)
         log("bench:   $ " + " ".join(cmd))
-        done = _run(cmd, binary, settings.timeout_s)
+        done = run_once(cmd, binary, settings.timeout_s)
         if done is None:
             failures.append(f"concurrency {level}: perf_analyzer ran over {settings.timeout_s:.0f}s")
             continue
@@ -261,7 +261,7 @@ def run(
                             measurement_interval_ms=2 * settings.measurement_interval_ms)
             cmd = command(binary, model, url, level, csv_path, loose, shapes, input_data)
             log(f"bench:   unstable; again with -s {LOOSE}: $ " + " ".join(cmd))
-            done = _run(cmd, binary, settings.timeout_s)
+            done = run_once(cmd, binary, settings.timeout_s)
             if done is None:
                 failures.append(f"concurrency {level}: perf_analyzer ran over {settings.timeout_s:.0f}s")
                 continue

@@ -46,8 +46,15 @@ def add_parser(subparsers) -> None:
     p.add_argument("--ceiling-seconds", type=float, help="in-process measurement per level (default 5; quick 2)")
     p.add_argument("--out", type=Path, default=Path("bench/results"), help="results go to OUT/<timestamp>/")
     p.add_argument("--cache", type=Path, default=Path("bench/models"), help="exported models are kept here")
+    p.add_argument("--soak", type=float, metavar="MINUTES",
+                   help="instead of the ladder: hold saturating load on a static and a bucketed model for MINUTES "
+                        "and record failed requests and every process's RSS (exit 1 if the target is missed)")
     p.add_argument("--list", action="store_true", help="list models and scenarios (and what is not available) and exit")
     p.set_defaults(func=run)
+
+
+def _interrupt(*_):
+    raise KeyboardInterrupt
 
 
 def run(args: argparse.Namespace, extra: list[str]) -> int:
@@ -64,6 +71,8 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
             _, missing = scenarios.availability(scenario)
             print(f"scenario {scenario.name:14s} {scenario.title}{'  -- ' + missing if missing else ''}")
         return 0
+    if args.soak is not None:
+        return _soak(args)
     base = BenchSettings.quick_preset() if args.quick else BenchSettings()
     perf = replace(
         base.perf,
@@ -74,10 +83,7 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
                      ceiling_seconds=args.ceiling_seconds, ceiling_for=args.ceiling_for)
     settings = replace(base, perf=perf, out=args.out, cache=args.cache, ceiling=not args.no_ceiling,
                        **{k: v for k, v in overrides.items() if v is not None})
-    def interrupt(*_):
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, interrupt)  # stop the scenario's server and write the partial summary
+    signal.signal(signal.SIGTERM, _interrupt)  # stop the scenario's server and write the partial summary
     try:
         out = Bench(settings).run()
     except (perf_analyzer.PerfAnalyzerMissing, ValueError) as exc:
@@ -85,3 +91,24 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
         return 2
     print((out / "summary.md").read_text())
     return 0
+
+
+def _soak(args: argparse.Namespace) -> int:
+    from gebackend.bench import perf_analyzer, server
+    from gebackend.bench.soak import Soak, SoakSettings
+
+    if args.soak <= 0:
+        print("gebackend bench: --soak needs a number of minutes > 0", file=sys.stderr)
+        return 2
+    settings = SoakSettings(minutes=args.soak, out=args.out, cache=args.cache,
+                            **{k: v for k, v in dict(concurrency=args.concurrency[0] if args.concurrency else None,
+                                                     window_ms=args.interval_ms, protocol=args.protocol).items()
+                               if v is not None})
+    signal.signal(signal.SIGTERM, _interrupt)  # stop the load and the server, write what was measured
+    try:
+        out, result = Soak(settings).run()
+    except (perf_analyzer.PerfAnalyzerMissing, server.ServeError, ValueError) as exc:
+        print(f"gebackend bench: {exc}", file=sys.stderr)
+        return 2
+    print((out / "soak.md").read_text())
+    return 0 if result["passed"] else 1

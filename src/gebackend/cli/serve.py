@@ -19,7 +19,7 @@ from gebackend.server.launcher import (
     load_failure_reason,
     repository_fingerprints,
 )
-from gebackend.server.watchdog import Watchdog
+from gebackend.server.watchdog import Watchdog, backoff
 
 
 def add_parser(subparsers) -> None:
@@ -44,7 +44,8 @@ def add_parser(subparsers) -> None:
     )
     p.add_argument(
         "--no-self-healing", action="store_true",
-        help="do not reload a model whose backend process died (by default it is noticed within seconds and reloaded)",
+        help="do not reload a model whose backend process died or hung, nor start tritonserver again if it crashes "
+             "(by default each is noticed within seconds and restored)",
     )
     p.add_argument("--watch-interval", type=float, default=0.5, help=argparse.SUPPRESS)
     p.set_defaults(func=run)
@@ -72,6 +73,49 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     signal.signal(signal.SIGHUP, lambda *_: reload.set())
+    started = _start(settings, stop)
+    if isinstance(started, int):
+        return started
+    server, index = started
+    _announce(settings, index, _control_line(server, args))
+    watchdog = _start_watchdog(server, args)
+    fingerprints = repository_fingerprints(settings.model_repository)
+    crashes = Crashes()
+    while True:
+        if server.process.poll() is not None:
+            watchdog.stop()
+            code = server.stop()
+            if args.no_self_healing:
+                print(f"gebackend: tritonserver exited unexpectedly with code {code}", file=sys.stderr)
+                return code or 1
+            pause = crashes.record()
+            _say(f"tritonserver exited unexpectedly with code {code}{crashes.describe()}; starting it again"
+                 + (f" in {pause:.0f}s" if pause else ""))
+            if not _sleep(pause, stop):
+                _say("stopped")
+                return 0
+            started = _start(settings, stop)
+            if isinstance(started, int):
+                return started
+            server, index = started
+            _say(f"tritonserver restarted: {_ready_line(index)}")
+            watchdog = _start_watchdog(server, args)
+            fingerprints = repository_fingerprints(settings.model_repository)
+            continue
+        time.sleep(0.25)  # a signal cuts the sleep short; the handler has already set its flag
+        if stop.is_set():
+            break
+        if reload.is_set():
+            reload.clear()
+            fingerprints = _reload(server, watchdog, fingerprints)
+    print("gebackend: stopping: finishing in-flight requests, refusing new ones", flush=True)
+    watchdog.stop()
+    result = server.shutdown(broken=watchdog.broken_models())
+    return _report_shutdown(result, settings.exit_timeout)
+
+
+def _start(settings: ServerSettings, stop: "SignalFlag") -> "tuple[TritonServer, list[dict]] | int":
+    """A started tritonserver and its repository index, or the exit code when it did not start (or was stopped)."""
     server = TritonServer(settings)
     try:
         server.start()
@@ -85,25 +129,38 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
         server.stop(timeout=10)
         print("gebackend: stopped", flush=True)
         return 0
-    _announce(settings, index, _control_line(server, args))
-    watchdog = _start_watchdog(server, args)
-    fingerprints = repository_fingerprints(settings.model_repository)
-    while True:
-        if server.process.poll() is not None:
-            watchdog.stop()
-            code = server.stop()
-            print(f"gebackend: tritonserver exited unexpectedly with code {code}", file=sys.stderr)
-            return code or 1
-        time.sleep(0.25)  # a signal cuts the sleep short; the handler has already set its flag
+    return server, index
+
+
+def _sleep(seconds: float, stop: "SignalFlag") -> bool:
+    """Wait `seconds` unless a stop signal comes first (then False)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
         if stop.is_set():
-            break
-        if reload.is_set():
-            reload.clear()
-            fingerprints = _reload(server, watchdog, fingerprints)
-    print("gebackend: stopping: finishing in-flight requests, refusing new ones", flush=True)
-    watchdog.stop()
-    result = server.shutdown(broken=watchdog.broken_models())
-    return _report_shutdown(result, settings.exit_timeout)
+            return False
+        time.sleep(0.1)
+    return not stop.is_set()
+
+
+class Crashes:
+    """tritonserver crashes in a row (a run of `stable_after` seconds starts the count afresh) and the pause
+    before the next start: 0 the first time, then 1 s, 2 s, 4 s ... at most 60 s (the watchdog's backoff)."""
+
+    def __init__(self, stable_after: float = 60.0, clock=time.monotonic):
+        self.stable_after, self.clock = stable_after, clock
+        self.in_a_row = 0
+        self.total = 0
+        self._last = 0.0
+
+    def record(self) -> float:
+        now = self.clock()
+        self.in_a_row = 1 if not self.total or now - self._last > self.stable_after else self.in_a_row + 1
+        self.total += 1
+        self._last = now
+        return backoff(self.in_a_row - 1)
+
+    def describe(self) -> str:
+        return f" ({self.in_a_row} times in a row)" if self.in_a_row > 1 else ""
 
 
 class SignalFlag:
@@ -213,6 +270,11 @@ def _host(address: str) -> str:
     return f"[{host}]" if ":" in host else host
 
 
+def _ready_line(index: list[dict]) -> str:
+    ready = sum(e.get("state") == "READY" for e in index)
+    return f"{ready} of {len(index)} models ready"
+
+
 def _announce(settings: ServerSettings, index: list[dict], control: str) -> None:
     failed = [e for e in index if e.get("state") != "READY"]
     extra = settings.extra_args
@@ -225,7 +287,7 @@ def _announce(settings: ServerSettings, index: list[dict], control: str) -> None
         f"  gRPC     {_host(grpc)}:{settings.grpc_port}  ({_where(grpc)})",
         f"  metrics  http://{_host(metrics)}:{settings.metrics_port}/metrics  ({_where(metrics)})",
         f"  model control: {control}",
-        f"gebackend: {len(index) - len(failed)} of {len(index)} models ready",
+        f"gebackend: {_ready_line(index)}",
         *format_model_table(index),
     ]
     for entry in failed:
