@@ -7,6 +7,7 @@ import json
 import re
 import subprocess
 import threading
+import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
@@ -114,22 +115,37 @@ def metric(text: str, name: str, **labels) -> float:
     return 0.0
 
 
+def scrape_when(server, ready, limit: float = 10.0) -> str:
+    """The metrics text once `ready(text)` holds: the backend publishes its own metrics once a second."""
+    deadline = time.monotonic() + limit
+    while True:
+        text = scrape(server)
+        if ready(text) or time.monotonic() > deadline:
+            return text
+        time.sleep(0.2)
+
+
 def test_metrics_move_with_traffic(server):
     bucket = "input_ids:[4, 32]; attention_mask:[4, 32]"
+    time.sleep(1.5)  # what earlier tests ran is published
     before = scrape(server)
     assert "gebackend_compile_seconds" in before
     assert metric(before, "gebackend_compile_seconds", model="bert_ge_static") > 0
+    runs_before = metric(before, "gebackend_bucket_runs_total", model="bert_ge_static", bucket=bucket)
     for i in range(3):
         infer(server, "http", "bert_ge_static", bert_feeds(3, 20, i))  # 3 rows padded to the 4x32 bucket
+    after = scrape_when(server, lambda t: metric(t, "gebackend_bucket_runs_total", model="bert_ge_static",
+                                                 bucket=bucket) >= runs_before + 3)
+    time.sleep(1.5)  # and nothing more comes
     after = scrape(server)
-    assert metric(after, "gebackend_bucket_runs_total", model="bert_ge_static", bucket=bucket) - \
-        metric(before, "gebackend_bucket_runs_total", model="bert_ge_static", bucket=bucket) == 3
+    assert metric(after, "gebackend_bucket_runs_total", model="bert_ge_static", bucket=bucket) - runs_before == 3
     assert metric(after, "gebackend_padded_rows_total", model="bert_ge_static") - \
         metric(before, "gebackend_padded_rows_total", model="bert_ge_static") == 3
     assert 0 < metric(after, "gebackend_padding_waste_ratio", model="bert_ge_static") < 1
     fallback_before = metric(after, "gebackend_fallback_runs_total", model="bert_ge_fallback")
     infer(server, "http", "bert_ge_fallback", bert_feeds(1, 9, 1))
-    assert metric(scrape(server), "gebackend_fallback_runs_total", model="bert_ge_fallback") == fallback_before + 1
+    text = scrape_when(server, lambda t: metric(t, "gebackend_fallback_runs_total", model="bert_ge_fallback") > fallback_before)
+    assert metric(text, "gebackend_fallback_runs_total", model="bert_ge_fallback") == fallback_before + 1
 
 
 def test_profiling_true_captures_from_load_until_stop(tmp_path):

@@ -122,3 +122,12 @@ def test_bucket_runner_falls_back_to_dynamic_engine():
     out = runner.run({"image": np.zeros((1, 3, 12, 12), np.float32)})
     assert runner.fallback_runs == 1
     np.testing.assert_array_equal(out["logits"], np.full((1, 2), 7.0))
+
+
+def test_plans_are_computed_once_per_request_shape():
+    router = BucketRouter([{"x": (1, 4)}, {"x": (4, 4)}], True, {"x": [None]}, {"y": [None]})
+    first = router.plan({"x": (3, 4)})
+    assert [(c.bucket, c.start, c.stop) for c in first] == [(1, 0, 3)]
+    assert router.plan({"x": (3, 4)}) is first  # from the cache
+    assert [(c.bucket, c.start, c.stop) for c in router.plan({"x": (1, 4)})] == [(0, 0, 1)]
+    assert router.plan({"x": (3, 5)}) is None and router.plan({"x": (3, 5)}) is None

@@ -129,7 +129,7 @@ class ServedModel:
             engines = executor.runner.engines()
             profiling = ProfilingControl(name, args["model_instance_name"], engines, spec.options.profiling,
                                          spec.options.profiling_dir, say)
-        metrics = BackendMetrics(pb_utils, name, executor.runner, seconds) if hasattr(pb_utils, "MetricFamily") else None
+        metrics = BackendMetrics(pb_utils, name, executor.runner, seconds).start() if hasattr(pb_utils, "MetricFamily") else None
         return cls(spec, executor, pb_utils, profiling, metrics, _heartbeat(spec))
 
     def execute(self, requests: list) -> list:
@@ -150,8 +150,6 @@ class ServedModel:
             rows = sum(next(iter(b.values())).shape[0] if self.spec.batching and b else 1 for b in batch)
             errors = sum(isinstance(r, BaseException) for r in results)
             self.profiling.record(started, time.monotonic_ns(), len(requests), rows, errors)
-        if self.metrics is not None:
-            self.metrics.update()
         responses = []
         for request, result in zip(requests, results):
             if isinstance(result, BaseException):
@@ -166,6 +164,8 @@ class ServedModel:
     def close(self) -> None:
         if self.heartbeat is not None:
             self.heartbeat.close()
+        if self.metrics is not None:
+            self.metrics.close()
         if self.profiling is not None:
             capture = self.profiling.close()
             if capture is not None:
