@@ -193,3 +193,32 @@ def test_ceiling_cpu_plan_splits_cores_like_pinned_instances(monkeypatch):
     assert inprocess.plan_cpus(2) == [frozenset({0, 1}), frozenset({2, 3})]
     assert inprocess.plan_cpus(2, cores_per_instance=1) == [frozenset({0}), frozenset({1})]
     assert inprocess.plan_cpus(3, cores_per_instance=2) == [frozenset({0, 1}), frozenset({2, 3}), frozenset({0, 1})]
+
+
+def test_clients_are_split_over_instance_processes():
+    from gebackend.bench.inprocess import split_clients
+
+    assert split_clients(4, 2) == [2, 2]
+    assert split_clients(1, 2) == [1, 0]
+    assert split_clients(5, 3) == [2, 2, 1]
+
+
+def test_a_two_instance_ceiling_runs_one_pinned_process_per_instance(tmp_path):
+    """Both processes answer (the rate is theirs together) and the outputs are the model's."""
+    from gebackend.bench.inprocess import Ceiling
+
+    tiny = models(tmp_path)["tiny"]
+    scenario = replace(scenarios.SCENARIOS["ge_dyn_pinned"], cores_per_instance=0, intra_op_threads=1)
+    repo = scenarios.write_repository(tmp_path / "repo", tiny, scenario, tiny.ensure(tmp_path, lambda m: None))
+    ceiling = Ceiling(repo / "tiny", log=lambda m: None)
+    try:
+        assert ceiling.instances == 2 and len(ceiling.executors) == 1
+        feeds = tiny.sample_inputs(1)
+        np.testing.assert_allclose(ceiling.run_once(feeds)["sum"], feeds["x"] + feeds["y"])
+        row = ceiling.measure(feeds, concurrency=2, seconds=1.0, warmup=0.3)
+        one = ceiling.measure(feeds, concurrency=1, seconds=1.0, warmup=0.3)
+    finally:
+        ceiling.close()
+    assert row.concurrency == 2 and row.throughput > 100 and row.p50_us > 0
+    assert one.throughput > 100
+    assert ceiling.last_latencies_us.size == one.throughput * 1.0

@@ -10,13 +10,14 @@ windows, `--interval-ms`; the bench notes a level whose window is shorter than 5
 config batches, a queue in front of the executors plays Triton's dynamic batcher: each instance's worker
 takes every request waiting (up to max_batch_size) and runs them as one batch, with no queue delay. So the
 ceiling has what the server has except the server: gRPC, Triton's scheduler, and the Python backend's
-shared-memory hop to the stub process. With several instances, each executor is built and run on threads
+shared-memory hop to the stub process. With several instances, each instance runs in a process of its own,
 pinned to the cores its served instance would get (the even split of `gebackend.runtime.pinning`, or
-`cores_per_instance` each), since the served instances are separate pinned processes. That is only an
-approximation: an engine whose thread pool is process-wide (OpenVINO's, ONNX Runtime's global pools) creates
-it once, on the first instance's cores, so several instances in one process can share one instance's cores.
-Measured on the 4-layer CN_CLIP image encoder: with the dynamic ONNX Runtime engine served reached 91 % of
-this ceiling; with the static ORT engine and OpenVINO bf16 it reached 166-189 %: a lower bound there.
+`cores_per_instance` each), with its share of the client threads (concurrency 4 over 2 instances: 2 each);
+their answers are counted together. That is what the served instances are: separate pinned processes, each
+with its own engine thread pools. (Threads of one process would share an engine's process-wide pool, created
+on the first instance's cores: measured on the 4-layer CN_CLIP image encoder, served then reached 166-189 %
+of such a ceiling, which is why it is no longer measured that way.) The dynamic batcher's shared queue is
+the one thing this split does not reproduce: each process batches only its own clients' requests.
 """
 
 from __future__ import annotations
@@ -95,15 +96,47 @@ def _on_thread(cpus, build):
     return box["value"]
 
 
-class Ceiling:
-    """Executors for one scenario's model, loaded in this process."""
+def split_clients(concurrency: int, instances: int) -> list[int]:
+    """Client threads per instance process: `concurrency` spread evenly, the first ones taking the remainder."""
+    return [concurrency // instances + (1 if i < concurrency % instances else 0) for i in range(instances)]
 
-    def __init__(self, model_dir: Path, log=print):
+
+def _instance_process(model_dir: str, cpus, clients: int, feeds, seconds: float, warmup: float, barrier, conn) -> None:
+    """One served instance's counterpart: a process pinned to its cores, one executor, its share of the clients."""
+    try:
+        if cpus:
+            os.sched_setaffinity(0, cpus)
+        ceiling = Ceiling(Path(model_dir), log=lambda m: None, instances=1)
+        try:
+            ceiling.executors[0].execute([feeds])  # warm before the others start measuring
+            barrier.wait(timeout=600)
+            ceiling.measure(feeds, clients, seconds, warmup)
+            conn.send(("ok", ceiling.last_latencies_us.tolist()))
+        finally:
+            ceiling.close()
+    except BaseException as exc:  # noqa: BLE001 - sent to the parent
+        try:
+            barrier.abort()
+        except Exception:  # noqa: BLE001
+            pass
+        conn.send(("error", f"{type(exc).__name__}: {exc}"))
+    finally:
+        conn.close()
+
+
+class Ceiling:
+    """One scenario's model loaded in this process (several instances: measured in one process each)."""
+
+    def __init__(self, model_dir: Path, log=print, instances: int | None = None):
         from gebackend.runtime.loader import load_executor
 
+        self.model_dir = Path(model_dir)
         self.spec, self.config = load_spec(model_dir)
         count = sum(int(g.get("count", 1)) for g in self.config.get("instance_group") or [{"count": 1}])
-        self.cpu_sets = plan_cpus(max(1, count), self.spec.options.cores_per_instance)
+        self.instances = max(1, count) if instances is None else instances
+        self.instance_cpus = plan_cpus(self.instances, self.spec.options.cores_per_instance)
+        self.cpu_sets = self.instance_cpus[:1] if self.instances > 1 else self.instance_cpus  # loaded here
+        self.last_latencies_us = np.zeros(0)
         self.executors = []
         self.how = ""
         for cpus in self.cpu_sets:
@@ -113,7 +146,8 @@ class Ceiling:
             self.executors.append(executor)
         self.batching = self.spec.batching and "dynamic_batching" in self.config
         self.max_batch = max(1, self.spec.max_batch_size) if self.batching else 1
-        log(f"bench:   ceiling: {len(self.executors)} executor(s), {self.how}")
+        where = f"{self.instances} pinned processes" if self.instances > 1 else "this process"
+        log(f"bench:   ceiling: {self.instances} instance(s) in {where}, {self.how}")
 
     def run_once(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         result = self.executors[0].execute([feeds])[0]
@@ -122,6 +156,8 @@ class Ceiling:
         return result
 
     def measure(self, feeds: Mapping[str, np.ndarray], concurrency: int, seconds: float, warmup: float) -> PerfRow:
+        if self.instances > 1:
+            return self._measure_in_processes(feeds, concurrency, seconds, warmup)
         requests: queue.Queue = queue.Queue()
         stop = threading.Event()
         latencies: list[float] = []
@@ -179,17 +215,50 @@ class Ceiling:
             t.join(timeout=30)
         if errors:
             raise RuntimeError(f"in-process run failed: {errors[0]}")
-        lat_us = np.asarray(latencies) * 1e6
-        if lat_us.size == 0:
-            raise RuntimeError("in-process run completed no request in the measurement window")
-        pct = lambda q: float(np.percentile(lat_us, q))  # noqa: E731
-        return PerfRow(concurrency=concurrency, throughput=lat_us.size / seconds, p50_us=pct(50), p90_us=pct(90),
-                       p95_us=pct(95), p99_us=pct(99), avg_us=float(lat_us.mean()))
+        self.last_latencies_us = np.asarray(latencies) * 1e6
+        return _row(concurrency, self.last_latencies_us, seconds)
+
+    def _measure_in_processes(self, feeds, concurrency: int, seconds: float, warmup: float) -> PerfRow:
+        import multiprocessing
+
+        context = multiprocessing.get_context("spawn")
+        shares = [(cpus, n) for cpus, n in zip(self.instance_cpus, split_clients(concurrency, self.instances)) if n]
+        barrier = context.Barrier(len(shares))
+        children = []
+        for cpus, clients in shares:
+            receive, send = context.Pipe(duplex=False)
+            process = context.Process(target=_instance_process, daemon=True,
+                                      args=(str(self.model_dir), cpus, clients, dict(feeds), seconds, warmup, barrier, send))
+            process.start()
+            send.close()
+            children.append((process, receive))
+        latencies, errors = [], []
+        for process, receive in children:
+            try:
+                status, payload = receive.recv() if receive.poll(900 + seconds) else ("error", "no answer in time")
+            except EOFError:
+                status, payload = "error", f"instance process exited with code {process.exitcode}"
+            (latencies.extend if status == "ok" else errors.append)(payload)
+            process.join(30)
+            if process.is_alive():
+                process.kill()
+        if errors:
+            raise RuntimeError(f"in-process run failed: {errors[0]}")
+        self.last_latencies_us = np.asarray(latencies)
+        return _row(concurrency, self.last_latencies_us, seconds)
 
     def close(self) -> None:
         for executor in self.executors:
             executor.close()
         self.executors = []
+
+
+def _row(concurrency: int, lat_us: np.ndarray, seconds: float) -> PerfRow:
+    if lat_us.size == 0:
+        raise RuntimeError("in-process run completed no request in the measurement window")
+    pct = lambda q: float(np.percentile(lat_us, q))  # noqa: E731
+    return PerfRow(concurrency=concurrency, throughput=lat_us.size / seconds, p50_us=pct(50), p90_us=pct(90),
+                   p95_us=pct(95), p99_us=pct(99), avg_us=float(lat_us.mean()))
 
 
 def accuracy(ceiling: Ceiling, model_path: Path, feeds: Mapping[str, np.ndarray]) -> dict:

@@ -203,10 +203,10 @@ class Bench:
         except Exception as exc:  # noqa: BLE001
             result["notes"] = "; ".join(filter(None, [result["notes"], f"ceiling not measured: {exc}"]))
             return
-        if len(ceiling.executors) > 1:
+        if ceiling.instances > 1:
             result["notes"] = "; ".join(filter(None, [result["notes"], (
-                "ceiling: the instances ran as pinned threads of one process, where an engine's process-wide "
-                "thread pool can end up on one instance's cores: read it as a lower bound")]))
+                f"ceiling: {ceiling.instances} instances in {ceiling.instances} pinned processes, the clients split "
+                "between them (each batches only its own clients' requests)")]))
         try:
             try:
                 result["accuracy"] = inprocess.accuracy(ceiling, path, model.sample_inputs(4, seed=1))
