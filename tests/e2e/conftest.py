@@ -8,7 +8,7 @@ from pathlib import Path
 import onnx
 import pytest
 
-from gebackend.modelzoo import build_add_mul, build_bert, build_example_repository
+from gebackend.modelzoo import build_add_mul, build_bert, build_example_repository, build_row_scale
 
 from .server import start_server
 
@@ -61,6 +61,14 @@ TWINS = {
 }
 
 
+# A [batch]-only input, as Triton users declare it for the onnxruntime backend: dims [1], reshaped away.
+ROW_SCALE_CONFIG = """
+backend: "ge"
+max_batch_size: 8
+input [ { name: "scale", data_type: TYPE_FP32, dims: [ 1 ], reshape: { shape: [ ] } } ]
+"""
+
+
 @pytest.fixture(scope="session")
 def repository(tmp_path_factory) -> Path:
     """The example repository plus test models: one that batches slowly, one broken file, one bad config."""
@@ -75,6 +83,8 @@ def repository(tmp_path_factory) -> Path:
         profiling_dir=str(repo.parent / "dumps"), **BERT_BUCKETS), build_bert())
     add_model(repo, "resnet_profiled", 'backend: "ge"\nmax_batch_size: 8\n' + params(profiling="dynamic"),
               onnx.load(str(repo / "resnet_ge" / "1" / "model.onnx")))
+    add_model(repo, "row_scale", ROW_SCALE_CONFIG, build_row_scale())
+    add_model(repo, "row_scale_auto", 'backend: "ge"\nmax_batch_size: 8\n', build_row_scale())
     add_model(repo, "bert_static_unresolved", 'backend: "ge"\n' + params(static_model="1"), build_bert())
     for twin, (original, config) in TWINS.items():
         add_model(repo, twin, config, onnx.load(str(repo / original / "1" / "model.onnx")))

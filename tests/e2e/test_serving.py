@@ -62,6 +62,22 @@ def test_example_models_ready_and_failures_reported(server):
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_a_batch_only_input_is_served_through_reshape(server, repository, protocol):
+    """ONNX `scale: [batch]`: clients send [n, 1] (config dims [1]), the engine gets [n] (reshape: { shape: [] })."""
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((3, 4)).astype(np.float32)
+    scale = rng.standard_normal((3, 1)).astype(np.float32)
+    got = infer(server, protocol, "row_scale", {"x": x, "scale": scale}).as_numpy("y")
+    want = reference(repository, "row_scale", {"x": x, "scale": scale[:, 0]})["y"]
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+    np.testing.assert_allclose(got, x * scale, rtol=1e-6)
+    # Without the reshape in config.pbtxt Triton cannot express the input: the load fails saying what to write.
+    failed = re.search(r"model 'row_scale_auto' failed to load: (.*)", server.output())
+    assert failed and "input 'scale' has only the batch dim" in failed.group(1)
+    assert 'dims: [ 1 ], reshape: { shape: [ ] }' in failed.group(1)
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
 @pytest.mark.parametrize("model", ["resnet_ge", "bert_ge", "resnet_npu_ge"])
 def test_outputs_equal_onnxruntime(server, repository, protocol, model):
     feeds = example_feeds(model, np.random.default_rng(7), batch=3)

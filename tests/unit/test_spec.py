@@ -307,3 +307,21 @@ def test_build_model_spec_contradiction_names_model(resnet_sig):
     with pytest.raises(ConfigError) as info:
         build_model_spec(config, resnet_sig, Path("m.onnx"), BackendOptions())
     assert "'resnet_ge'" in str(info.value) and "'image'" in str(info.value)
+
+
+def test_reshape_gives_the_dims_the_model_sees_and_a_batch_only_tensor_needs_it():
+    from gebackend.modelzoo import build_row_scale
+
+    sig = signature_of(build_row_scale())
+    declared = {"name": "m", "max_batch_size": 8, "input": [
+        {"name": "scale", "data_type": "TYPE_FP32", "dims": [1], "reshape": {"shape": []}}]}
+    result = reconcile("m", declared, sig, 8)
+    assert {t.name: t.dims for t in result.inputs} == {"scale": (), "x": (4,)}
+    with pytest.raises(ConfigError) as info:
+        reconcile("m", {"name": "m", "max_batch_size": 8}, sig, 8)
+    message = str(info.value)
+    assert "model 'm': input 'scale' has only the batch dim" in message
+    assert '{ name: "scale", data_type: TYPE_FP32, dims: [ 1 ], reshape: { shape: [ ] } }' in message
+    with pytest.raises(ConfigError, match="rank 1"):  # a reshape that does not match the ONNX file
+        reconcile("m", {"name": "m", "max_batch_size": 8, "input": [
+            {"name": "scale", "data_type": "TYPE_FP32", "dims": [1], "reshape": {"shape": [1]}}]}, sig, 8)

@@ -63,6 +63,11 @@ class ModelSpec:
 
 
 def _config_dims(entry: Mapping[str, Any]) -> list[int] | None:
+    """The dims the model sees: `reshape.shape` when the entry has one (Triton reshapes between what clients
+    send, `dims`, and what the backend gets), else `dims`; None when not given."""
+    reshape = entry.get("reshape")
+    if isinstance(reshape, Mapping):
+        return [int(d) for d in reshape.get("shape") or []]
     dims = entry.get("dims")
     if dims is None or len(dims) == 0:
         return None
@@ -107,6 +112,12 @@ def _merge_tensor(model: str, kind: str, entry: Mapping[str, Any] | None, tensor
                 f"but {tensor.dtype.triton} in the ONNX file"
             )
     config_dims = _config_dims(entry) if entry else None
+    if config_dims is None and batching and not onnx_dims:
+        raise ConfigError(
+            f"model '{model}': {kind} '{tensor.name}' has only the batch dim in the ONNX file and Triton needs at "
+            f"least one dim per tensor: declare it in config.pbtxt as {{ name: \"{tensor.name}\", data_type: "
+            f"{tensor.dtype.triton}, dims: [ 1 ], reshape: {{ shape: [ ] }} }} (clients then send [batch, 1])"
+        )
     if config_dims is None:
         dims = tuple(d if isinstance(d, int) else -1 for d in onnx_dims)
     else:

@@ -15,6 +15,7 @@ from .misc import (
     build_identity_fixed,
     build_mod_constant,
     build_nonzero,
+    build_row_scale,
     build_spin,
 )
 from .resnet import build_resnet
@@ -29,6 +30,7 @@ __all__ = [
     "build_mod_constant",
     "build_nonzero",
     "build_resnet",
+    "build_row_scale",
     "build_spin",
 ]
 

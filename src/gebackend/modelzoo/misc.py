@@ -1,5 +1,5 @@
 """Tiny test models: ``build_add_mul`` (dynamic batch, two outputs), ``build_identity_fixed`` (static, no batch dim),
-``build_spin`` (runs as long as asked),
+``build_spin`` (runs as long as asked), ``build_row_scale`` (an input with only the batch dim),
 and the graph-pass fixtures ``build_mod_constant``, ``build_constant_of_shape_weight`` and ``build_nonzero``.
 """
 
@@ -106,4 +106,17 @@ def build_spin() -> onnx.ModelProto:
         [tensor_info("x", FLOAT, ["batch", 4]), tensor_info("iterations", INT64, ["batch", 1])],
         [tensor_info("y", FLOAT, ["batch", 4])],
         doc="Loop whose trip count is an input: runs as long as the request asks (gebackend test model).",
+    )
+
+
+def build_row_scale() -> onnx.ModelProto:
+    """``y = x * scale[:, None]`` for ``x`` float32 ``[batch, 4]`` and ``scale`` float32 ``[batch]``: an input with only
+    the batch dim, which Triton can serve only through ``reshape`` (``dims: [1]``, ``reshape: { shape: [] }``)."""
+    g = GraphBuilder("row_scale")
+    axes = g.const([1], "axes", np.int64)
+    g.op("Mul", "x", g.op("Unsqueeze", "scale", axes, name="column"), name="y")
+    return g.build(
+        [tensor_info("x", FLOAT, ["batch", 4]), tensor_info("scale", FLOAT, ["batch"])],
+        [tensor_info("y", FLOAT, ["batch", 4])],
+        doc="Scales each row by its own scalar input (gebackend test model).",
     )
