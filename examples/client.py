@@ -34,6 +34,18 @@ def random_inputs(metadata: dict, rng: np.random.Generator, batch: int = 2, free
     return feeds
 
 
+def as_the_model_sees_them(config: dict, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Apply config.pbtxt's `reshape` (what Triton does between client and model) for the onnxruntime reference."""
+    batching = int(config.get("max_batch_size") or 0) > 0
+    out = dict(feeds)
+    for entry in config.get("input", []):
+        if "reshape" in entry and entry["name"] in out:
+            array = out[entry["name"]]
+            shape = [int(d) for d in entry["reshape"].get("shape", [])]
+            out[entry["name"]] = array.reshape([array.shape[0], *shape] if batching else shape)
+    return out
+
+
 def infer(module, client, model: str, feeds: dict[str, np.ndarray]):
     inputs = []
     for name, array in feeds.items():
@@ -65,14 +77,16 @@ def main() -> int:
         expected = None
         if onnx_file is not None:
             session = ort.InferenceSession(str(onnx_file), providers=["CPUExecutionProvider"])
-            expected = dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds)))
+            model_feeds = as_the_model_sees_them(http.get_model_config(model), feeds)
+            expected = dict(zip([o.name for o in session.get_outputs()], session.run(None, model_feeds)))
         for protocol, module, client in (("http", httpclient, http), ("grpc", grpcclient, grpc)):
             result = infer(module, client, model, feeds)
             shapes = {o["name"]: result.as_numpy(o["name"]).shape for o in metadata["outputs"]}
             verdict = "served"
             if expected is not None:
-                worst = max(float(np.max(np.abs(result.as_numpy(n) - v))) for n, v in expected.items())
-                ok = all(np.allclose(result.as_numpy(n), v, rtol=1e-5, atol=1e-6) for n, v in expected.items())
+                got = {n: result.as_numpy(n).reshape(v.shape) for n, v in expected.items()}  # an output's reshape
+                worst = max(float(np.max(np.abs(got[n] - v))) for n, v in expected.items())
+                ok = all(np.allclose(got[n], v, rtol=1e-5, atol=1e-6) for n, v in expected.items())
                 verdict = f"matches onnxruntime (max abs diff {worst:.2e})" if ok else f"DIFFERS from onnxruntime ({worst:.2e})"
                 failures += not ok
             print(f"{model} [{protocol}]: {shapes} {verdict}")
