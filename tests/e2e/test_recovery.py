@@ -144,9 +144,44 @@ def kill_and_wait_for_restore(server: RunningServer, model: str, instance: str) 
     return restored_at - killed_at, bystander, victim
 
 
+CRASHED = "gebackend: tritonserver exited unexpectedly"
+RESTARTED = "gebackend: tritonserver restarted: 4 of 4 models ready"
+
+
+def tritonserver_survived(server: RunningServer, crashes_before: int) -> bool:
+    """False when tritonserver itself died meanwhile; then the CLI must have started it again with every model.
+
+    Seen once in CI: Triton 2.51 aborts (boost::interprocess::lock_exception in TRITONBACKEND_ModelInstanceExecute)
+    when a stub is killed while it holds a mutex in the shared memory both share. That is Triton's race, not
+    ours; what is ours is starting tritonserver again, asserted here, and the guarantee for other models, which
+    the callers then check on a kill that tritonserver survived."""
+    crashes = server.output().count(CRASHED)
+    if crashes == crashes_before:
+        return True
+    deadline = time.monotonic() + 120
+    while server.output().count(RESTARTED) < crashes and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert server.output().count(RESTARTED) >= crashes, server.output()[-3000:]
+    client = httpclient.InferenceServerClient(server.http_url)
+    for model in ("victim", "bystander", "twins"):
+        np.testing.assert_array_equal(infer(client, httpclient, model, 1.0), np.full((1, 4), 2.0, np.float32))
+    client.close()
+    return False
+
+
+def kill_that_tritonserver_survives(server: RunningServer, model: str, instance: str, kills: int = 1, attempts: int = 3):
+    """`kills` kills in a row (each restored) on one tritonserver that survives them; again if it died."""
+    for _ in range(attempts):
+        crashes = server.output().count(CRASHED)
+        results = [kill_and_wait_for_restore(server, model, instance) for _ in range(kills)]
+        if tritonserver_survived(server, crashes):
+            return results[-1]
+    pytest.fail(f"tritonserver died in each of {attempts} attempts:\n{server.output()[-3000:]}")
+
+
 def test_killed_stub_is_restored_and_other_models_keep_answering(healing_server):
     server = healing_server
-    seconds, bystander, victim = kill_and_wait_for_restore(server, "victim", "victim_0")
+    seconds, bystander, victim = kill_that_tritonserver_survives(server, "victim", "victim_0")
     print(f"\nvictim answered correctly again {seconds:.1f}s after kill -9; "
           f"{len(victim.failures())} of its requests failed meanwhile; bystander: {len(bystander.outcomes)} requests")
     assert seconds < RESTORE_LIMIT_S
@@ -169,7 +204,7 @@ def test_killed_stub_is_restored_and_other_models_keep_answering(healing_server)
 
 def test_a_model_that_dies_again_is_restored_again_after_a_pause(healing_server):
     server = healing_server
-    seconds, bystander, _ = kill_and_wait_for_restore(server, "victim", "victim_0")
+    seconds, bystander, _ = kill_that_tritonserver_survives(server, "victim", "victim_0", kills=2)
     assert seconds < RESTORE_LIMIT_S + 2
     assert bystander.failures() == []
     assert "model 'victim': died 2 times in a row; loading it again in 1s" in server.output()
@@ -177,7 +212,7 @@ def test_a_model_that_dies_again_is_restored_again_after_a_pause(healing_server)
 
 def test_one_dead_instance_of_two_gets_the_model_restored(healing_server):
     server = healing_server
-    seconds, bystander, victim = kill_and_wait_for_restore(server, "twins", "twins_0_1")
+    seconds, bystander, victim = kill_that_tritonserver_survives(server, "twins", "twins_0_1")
     assert seconds < RESTORE_LIMIT_S
     assert bystander.failures() == []
     assert set(stubs(server)) >= {"twins_0_0", "twins_0_1", "victim_0", "bystander_0"}

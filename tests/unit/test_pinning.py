@@ -185,3 +185,13 @@ def test_pin_process_pins_every_thread(tmp_path):
     answer = os.read(read, 1000)
     os.waitpid(pid, 0)
     assert answer == b"1", answer
+
+
+def test_a_claimed_plan_names_who_holds_its_cores_and_keeps_the_models_own_sharing():
+    alone = plan_cpus(0, 2, range(4))
+    moved = alone.claimed((2, 3), ())
+    assert moved.cpus == (2, 3) and not moved.shared and moved.note == ""
+    crowded = plan_cpus(0, 3, range(2))  # 3 instances on 2 cores: this one will share, whoever claims first
+    assert crowded.claimed((0,), ()).shared
+    busy = alone.claimed((2, 3), ("other/other_0",))
+    assert busy.shared and busy.note == "this instance shares its core(s) with other/other_0"

@@ -16,8 +16,9 @@ instance's index among all the model's instances and their total; `plan_cpus` ch
 `pin_process` is the one side effect: `os.sched_setaffinity` on every thread of this process, before
 the engine creates its thread pool (threads inherit the affinity of the thread that creates them).
 
-Pinning is per model: two models whose instances are pinned on the same server know nothing of each
-other, and their instance 0s get the same first cores.
+The plan is per model. Under `gebackend serve`, `runtime/core_ledger.py` then moves an instance onto the
+cores other models' instances left free (`PinPlan.claimed`), so two pinned models do not both start at
+the first core.
 """
 
 from __future__ import annotations
@@ -42,6 +43,18 @@ class PinPlan:
     usable: tuple[int, ...]
     shared: bool  # some core of this instance is also another instance's
     note: str = ""  # why cores are shared, for the log
+
+    def claimed(self, cpus: Sequence[int], neighbours: Sequence[str]) -> "PinPlan":
+        """This plan with the cores the server-wide ledger gave it, and the instances that hold them already.
+
+        Still `shared` when the model's own plan says some of its instances must share (they may claim later)."""
+        from dataclasses import replace
+
+        if not neighbours:
+            return replace(self, cpus=tuple(cpus))
+        notes = [n for n in self.note.split("; ") if n and not n.startswith("this instance shares")]
+        notes.append(f"this instance shares its core(s) with {', '.join(neighbours)}")
+        return replace(self, cpus=tuple(cpus), shared=True, note="; ".join(notes))
 
     def describe(self) -> str:
         text = (f"instance {self.index + 1}/{self.total} pinned to CPU(s) {format_cpu_list(self.cpus)} "

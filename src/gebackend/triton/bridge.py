@@ -20,6 +20,7 @@ from gebackend.config.options import ParsedOptions, global_options_from_env, mod
 from gebackend.config.spec import ModelSpec, build_model_spec, reconcile
 from gebackend.engines import providers_for
 from gebackend.errors import GeBackendError, InvalidRequest
+from gebackend.runtime.core_ledger import CoreLedger
 from gebackend.runtime.executor import Executor
 from gebackend.runtime.loader import load_executor
 from gebackend.profiling.control import ProfilingControl
@@ -62,26 +63,33 @@ def _pin(name: str, args: dict, config: dict, options, log):
     """Pin this instance's process to its CPU set (runtime/pinning.py) and size the engine's threads to it.
 
     Runs before the engine exists, so the threads it creates inherit the affinity. Returns the options
-    the instance runs with.
+    the instance runs with, and the server-wide core ledger holding its cores (released when it unloads).
     """
     from gebackend.runtime.pinning import pin_process, pinned_options, plan_for_instance
 
     instance = args.get("model_instance_name", f"{name}_0_0")
+    ledger = None
     try:
         plan = plan_for_instance(name, instance, config, options.pin_instances, options.cores_per_instance,
                                  int(args.get("model_instance_device_id", 0) or 0))
         if plan is None:
-            return options
+            return options, None
+        if os.environ.get(CONTROL_ENV_VAR):  # under `gebackend serve`: take the cores other models left free
+            ledger = CoreLedger(Path(os.environ[CONTROL_ENV_VAR]))
+            claim = ledger.claim(name, instance, plan.cpus, plan.usable)
+            plan = plan.claimed(claim.cpus, claim.neighbours)
         pin_process(plan.cpus)
     except (OSError, ValueError) as exc:
         log.log_warn(f"gebackend: model '{name}' instance '{instance}': not pinned: {exc}")
-        return options
+        if ledger is not None:
+            ledger.release()
+        return options, None
     pinned, notes = pinned_options(options, plan)
     message = (f"instance '{instance}': {plan.describe()}; intra_op_threads={pinned.intra_op_thread_count} "
                f"inter_op_threads={pinned.inter_op_thread_count} allow_spinning={pinned.allow_spinning}")
     (log.log_warn if plan.note or notes else log.log_info)(
         f"gebackend: model '{name}': {'; '.join([message, *notes])}")
-    return pinned
+    return pinned, ledger
 
 
 def _named(model: str, message: str) -> str:
@@ -92,13 +100,15 @@ class ServedModel:
     """One loaded instance of a model: its spec and executor, speaking pb_utils at the edges."""
 
     def __init__(self, spec: ModelSpec, executor: Executor, pb_utils: Any, profiling: ProfilingControl | None = None,
-                 metrics: BackendMetrics | None = None, heartbeat: Heartbeat | None = None):
+                 metrics: BackendMetrics | None = None, heartbeat: Heartbeat | None = None,
+                 ledger: CoreLedger | None = None):
         self.spec = spec
         self.executor = executor
         self.pb = pb_utils
         self.profiling = profiling
         self.metrics = metrics
         self.heartbeat = heartbeat
+        self.ledger = ledger
 
     @classmethod
     def load(cls, args: dict, pb_utils: Any) -> "ServedModel":
@@ -113,7 +123,7 @@ class ServedModel:
             if parsed.unknown:
                 log.log_warn(f"gebackend: model '{name}': unknown option(s) ignored: {', '.join(parsed.unknown)}")
             say = lambda m: log.log_info(f"gebackend: model '{name}': {m}")  # noqa: E731
-            options = _pin(name, args, config, parsed.options, log)
+            options, ledger = _pin(name, args, config, parsed.options, log)
             spec = build_model_spec(config, read_signature(path), path, options)
             providers = providers_for(args.get("model_instance_kind", "CPU"), int(args.get("model_instance_device_id", 0)))
             executor, how = load_executor(spec, providers, say)
@@ -130,7 +140,7 @@ class ServedModel:
             profiling = ProfilingControl(name, args["model_instance_name"], engines, spec.options.profiling,
                                          spec.options.profiling_dir, say)
         metrics = BackendMetrics(pb_utils, name, executor.runner, seconds).start() if hasattr(pb_utils, "MetricFamily") else None
-        return cls(spec, executor, pb_utils, profiling, metrics, _heartbeat(spec))
+        return cls(spec, executor, pb_utils, profiling, metrics, _heartbeat(spec), ledger)
 
     def execute(self, requests: list) -> list:
         if self.heartbeat is None:
@@ -166,6 +176,8 @@ class ServedModel:
             self.heartbeat.close()
         if self.metrics is not None:
             self.metrics.close()
+        if self.ledger is not None:
+            self.ledger.release()
         if self.profiling is not None:
             capture = self.profiling.close()
             if capture is not None:
