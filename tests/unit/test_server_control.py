@@ -135,9 +135,13 @@ def test_backoff_grows_and_is_capped():
 
 
 class FakeRepository:
+    """Triton's repository API; a load starts a new stub for the model's instance `<model>_0` in `table`."""
+
     def __init__(self, states):
         self.states = dict(states)
         self.calls = []
+        self.table = None
+        self.next_pid = 5000
 
     def repository_index(self):
         return [{"name": k, "state": v} for k, v in self.states.items()]
@@ -147,6 +151,12 @@ class FakeRepository:
 
     def load_model(self, name, timeout=0):
         self.calls.append(("load", name))
+        self.respawn(name)
+
+    def respawn(self, name):
+        if self.table is not None:
+            self.next_pid += 1
+            self.table.now.append(stub(self.next_pid, f"{name}_0", model=name, start=self.next_pid))
 
 
 class FakeTable:
@@ -163,6 +173,7 @@ def watchdog_with(states):
     repo, said = FakeRepository(states), []
     dog = wd.Watchdog(0, repo, said.append)
     dog.table = FakeTable()
+    repo.table = dog.table
     return dog, repo, said
 
 
@@ -200,7 +211,7 @@ def test_watchdog_reports_a_failed_restore_and_backs_off(monkeypatch):
     assert dog.unrestored == {"m"} and dog._failures["m"][0] == 1
     waits = []
     monkeypatch.setattr(dog._stop, "wait", lambda seconds: waits.append(seconds) or False)
-    repo.load_model = lambda name, timeout=0: repo.calls.append(("load", name))
+    repo.load_model = lambda name, timeout=0: (repo.calls.append(("load", name)), repo.respawn(name))
     dog.table.now = [stub(3, "m_0", start=5)]
     dog.check()
     dog.table.now = []
@@ -368,3 +379,55 @@ def test_tritonserver_crashes_back_off_and_a_stable_run_starts_the_count_afresh(
     assert crashes.describe() == " (4 times in a row)"
     now[0] = 200.0  # ran 93 s since the last crash
     assert crashes.record() == 0.0 and crashes.describe() == "" and crashes.total == 5
+
+
+def test_a_failed_restore_is_tried_again_after_its_backoff_without_a_new_death():
+    import time as clock
+
+    dog, repo, said = watchdog_with({"m": "READY"})
+    attempts = []
+
+    def load(name, timeout=0):
+        attempts.append(name)
+        if len(attempts) == 1:
+            raise RuntimeError("load failed for model 'm': Stub process 'm_0' is not healthy")
+        repo.calls.append(("load", name))
+        repo.respawn(name)
+
+    repo.load_model = load
+    dog.table.now = [stub(1, "m_0")]
+    dog.check()
+    dog.table.now = []
+    assert dog.check() == [] and dog.unrestored == {"m"}  # the restore failed
+    assert dog.check() == [] and len(attempts) == 1  # not yet: its backoff (1 s) has not passed
+    deaths, _ = dog._failures["m"]
+    dog._failures["m"] = (deaths, clock.monotonic() - 1.5)
+    assert dog.check() == ["m"] and len(attempts) == 2
+    assert dog.unrestored == set() and dog.restores == {"m": 1}
+    assert any("its last restore failed; trying again" in line for line in said)
+    dog.heal = False  # with healing off nothing is retried
+    dog.unrestored, dog._failures["m"] = {"m"}, (1, 0.0)
+    assert dog.check() == [] and len(attempts) == 2
+
+
+def test_a_new_stub_that_dies_before_the_next_round_fails_the_restore_and_is_retried(monkeypatch):
+    """The race seen under repeated kills: the restored model's new stub died before the watchdog ever saw it
+    alive, and the model answered 500 'not healthy' for good."""
+    import time as clock
+
+    dog, repo, said = watchdog_with({"m": "READY", "n": "READY"})
+    loads = []
+    repo.load_model = lambda name, timeout=0: loads.append(name)  # its new stub is dead before anyone looks
+    dog.table.now = [stub(1, "m_0"), stub(2, "n_0", model="n")]
+    dog.check()
+    dog.table.now = [stub(2, "n_0", model="n")]
+    assert dog.check() == [] and loads == ["m"]
+    assert dog.unrestored == {"m"}
+    assert any("could not be restored: instance(s) m_0 died as soon as the model loaded" in line for line in said)
+    repo.load_model = lambda name, timeout=0: (loads.append(name), repo.respawn(name))
+    dog._failures["m"] = (dog._failures["m"][0], clock.monotonic() - 2)
+    assert dog.check() == ["m"] and loads == ["m", "m"] and dog.unrestored == set()
+    waits = []
+    monkeypatch.setattr(dog._stop, "wait", lambda seconds: waits.append(seconds) or False)
+    dog.table.now = [s for s in dog.table.now if s.model == "n"]  # the stub it restored dies later: seen, restored
+    assert dog.check() == ["m"] and dog.restores["m"] == 2 and waits == [2.0]

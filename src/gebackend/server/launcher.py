@@ -404,8 +404,11 @@ class TritonServer:
         if drain is not None and drain.busy:  # out of time with requests still running: the bound is the bound
             self._kill_group()
             return Shutdown(self._finish(self.process.wait()), drain, False, None)
-        # After a finished drain nothing is left to wait for but Triton's own exit; without one, Triton drains.
-        wait = grace if drain is not None and drain.complete else self.settings.exit_timeout + 15
+        # After a finished drain nothing is left to wait for but Triton's own exit; after one that failed having
+        # used up the exit timeout (a model load hung in Triton, say) neither: the bound is the bound. Without a
+        # drain, Triton drains.
+        spent = drain is not None and drain.seconds >= self.settings.exit_timeout - 1
+        wait = grace if drain is not None and (drain.complete or spent) else self.settings.exit_timeout + 15
         self.process.send_signal(signal.SIGTERM)
         try:
             code = self.process.wait(timeout=wait)

@@ -209,6 +209,8 @@ class Watchdog:
         self.why_not = why_not
         self.control_dir = control_dir  # where instances beat (None: hung stubs go unnoticed)
         self._hung: dict[tuple[int, int], str] = {}  # stubs found hung (killed, or only reported): why
+        self._expected: dict[str, set[str]] = {}  # model -> its instances, remembered across its restores
+        self._pending: list[Stub] = []  # deaths seen while a restore looked at the stubs, for the next round
         self.restores: dict[str, int] = {}  # model -> restores done
         self.unrestored: set[str] = set()  # models that lost a stub and are not serving from fresh ones (yet)
         self._failures: dict[str, tuple[int, float]] = {}  # model -> (consecutive deaths, when restored)
@@ -238,7 +240,9 @@ class Watchdog:
         self._thread.start()
         return self
 
-    def stop(self, timeout: float = 30.0) -> None:
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop checking. A restore blocked in a model load Triton never finishes is not waited for (the thread
+        is a daemon; the server's shutdown ends that load)."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout)
@@ -278,12 +282,12 @@ class Watchdog:
 
     def _check(self) -> list[str]:
         self._hung = {ident: why for ident, why in self._hung.items() if ident in self.tracker.known}  # mourned
-        dead = self.tracker.update(self._stubs())
+        dead, self._pending = self._pending + self.tracker.update(self._stubs()), []
         for stub in dead:
             self._forget_beat(stub)
         self._kill_hung()
         if not dead:
-            return []
+            return self._retry_failed()
         by_model: dict[str, list[Stub]] = {}
         for stub in dead:
             by_model.setdefault(stub.model, []).append(stub)
@@ -302,7 +306,22 @@ class Watchdog:
             if self._stop.is_set():
                 return restored
             self.say(f"model '{model}': stub process of instance {what} {how}; reloading the model")
-            if self._restore(model):
+            if self._restore(model, instances={s.instance for s in stubs}):
+                restored.append(model)
+        return restored
+
+    def _retry_failed(self) -> list[str]:
+        """Models whose restore failed (a new stub that died while loading, say) are tried again, each after its
+        backoff (1 s, 2 s, 4 s ... 60 s since the failed attempt), until one works; no new death is needed."""
+        if not self.heal or self._stop.is_set():
+            return []
+        now = time.monotonic()
+        due = [m for m in sorted(self.unrestored)
+               if m in self._failures and now - self._failures[m][1] >= backoff(self._failures[m][0])]
+        restored = []
+        for model in due:
+            self.say(f"model '{model}': its last restore failed; trying again")
+            if self._restore(model, wait=False):
                 restored.append(model)
         return restored
 
@@ -332,8 +351,16 @@ class Watchdog:
             with contextlib.suppress(OSError):
                 heartbeat_file(self.control_dir, stub.pid, stub.started).unlink()
 
-    def _restore(self, model: str) -> bool:
-        """Unload and load `model` again (the caller holds `busy`). False if it could not be restored."""
+    def _restore(self, model: str, wait: bool = True, instances: Iterable[str] = ()) -> bool:
+        """Unload and load `model` again (the caller holds `busy`). False if it could not be restored.
+        `wait`: pause for the backoff first (a retry has waited it out already). `instances`: the dead ones.
+
+        A restore counts only once every instance the model had runs again: the stubs are looked at as soon
+        as the load returns, so a new stub that dies at once (even before the next round) fails the restore,
+        which is then tried again, instead of leaving the model serving from a stub nobody saw alive."""
+        expected = set(instances) | {s.instance for s in self.tracker.known.values() if s.model == model}
+        expected |= self._expected.get(model, set())
+        self._expected[model] = expected
         started = time.monotonic()
         deaths, last = self._failures.get(model, (0, 0.0))
         if last and started - last > self.stable_after:
@@ -343,14 +370,20 @@ class Watchdog:
             # finishes unloading that model version (the request is never released), yet loading the model
             # again works at once and serves from fresh stubs.
             self.repository.unload_model(model)
-            pause = backoff(deaths)
+            pause = backoff(deaths) if wait else 0.0
             if pause:
                 self.say(f"model '{model}': died {deaths + 1} times in a row; loading it again in {pause:.0f}s")
                 if self._stop.wait(pause):
                     return False
             self.tracker.forget_model(model)
             self.repository.load_model(model)
-            self._rescan.set()  # its new stubs
+            self._rescan.clear()
+            self._last_full = time.monotonic()
+            stubs = self.table.stubs()  # its new stubs, at once
+            self._pending += self.tracker.update(stubs)
+            missing = expected - {s.instance for s in stubs if s.model == model and not s.zombie}
+            if missing:
+                raise RuntimeError(f"instance(s) {', '.join(sorted(missing))} died as soon as the model loaded")
         except Exception as exc:
             self.say(f"model '{model}': could not be restored: {exc}")
             self._failures[model] = (deaths + 1, time.monotonic())
