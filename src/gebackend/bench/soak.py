@@ -30,8 +30,7 @@ from typing import Callable, Mapping, Sequence
 
 from gebackend.bench import perf_analyzer, scenarios, server
 from gebackend.bench.models import DEFAULT_CACHE, models as known_models
-
-STUB_NAME = "triton_python_backend_stub"
+from gebackend.server.watchdog import stub_identity
 
 # (model, how it is served): the static graph pads every batch to 4; the bucketed one batches to 1/2/4/8.
 SOAK_MODELS: tuple[tuple[str, scenarios.Scenario], ...] = (
@@ -149,8 +148,9 @@ def server_processes(cli_pid: int) -> dict[str, "object"]:
                     argv = stub.cmdline()
                 except psutil.Error:
                     continue
-                if len(argv) > 8 and argv[0].endswith(STUB_NAME) and argv[8] != Path(argv[1]).parent.parent.name:
-                    found[f"stub {argv[8]}"] = stub
+                served = stub_identity(argv)
+                if served is not None and served[0] != served[1]:  # not the short-lived auto-complete stub
+                    found[f"stub {served[1]}"] = stub
     except psutil.Error:
         pass
     return found

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from gebackend.server.heartbeat import own_start_time
+from gebackend.server.procfs import is_running, own_start_time
 
 LEDGER = "cores.json"
 LOCK = "cores.lock"
@@ -38,12 +38,7 @@ def choose(planned: Sequence[int], usable: Sequence[int], own: Mapping[int, int]
 
 def _alive(key: str) -> bool:
     pid, _, started = key.partition("-")
-    try:
-        stat = Path(f"/proc/{int(pid)}/stat").read_text()
-    except (OSError, ValueError):
-        return False
-    fields = stat[stat.rfind(")") + 2:].split()
-    return len(fields) > 19 and fields[19] == started and fields[0] not in ("Z", "X")
+    return pid.isdigit() and is_running(int(pid), started)
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,8 @@ a thread holding the GIL forever) is called unhealthy by Triton, which answers 5
 but it is never restarted either.
 
 So each instance, once loaded, starts a daemon thread that writes a 32-byte record every second to
-`$GE_CONTROL_DIR/heartbeat/<pid>-<start time>` (the start time tells a reused pid apart): when it last beat, since when it has been inside `execute()` (0
-when idle), and its `hang_timeout_s`. The watchdog reads the records of the stubs it knows; an
+`$GE_CONTROL_DIR/heartbeat/<pid>-<start time>` (the start time tells a reused pid apart): when it last
+beat, since when it has been inside `execute()` (0 when idle), and its `hang_timeout_s`. The watchdog reads the records of the stubs it knows; an
 instance that has been inside one `execute()` for longer than its timeout, or has not beaten for that
 long, is hung, and the watchdog kills it (SIGKILL) so that it is restored like a dead one.
 Both sides use CLOCK_MONOTONIC (`time.monotonic()`), which is one clock for every process of a machine.
@@ -25,6 +25,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from gebackend.server.procfs import own_start_time
+
 FOLDER = "heartbeat"
 BEAT_SECONDS = 1.0
 _RECORD = struct.Struct("<dddd")  # beat, busy_since, timeout, checksum (their sum: a torn read is ignored)
@@ -33,11 +35,6 @@ _RECORD = struct.Struct("<dddd")  # beat, busy_since, timeout, checksum (their s
 def heartbeat_file(control_dir: Path, pid: int, started: int) -> Path:
     """`started`: the process's start time in clock ticks, field 22 of `/proc/<pid>/stat`."""
     return Path(control_dir) / FOLDER / f"{pid}-{started}"
-
-
-def own_start_time() -> int:
-    stat = Path("/proc/self/stat").read_text()
-    return int(stat[stat.rfind(")") + 2:].split()[19])
 
 
 @dataclass(frozen=True)
@@ -86,7 +83,7 @@ def read_beat(path: Path) -> Beat | None:
 
 
 class Heartbeat:
-    """The instance side: `busy()` around each execute; a daemon thread writes the record every second."""
+    """The instance side: `enter()` / `leave()` around each execute; a daemon thread writes the record every second."""
 
     def __init__(self, control_dir: Path, timeout: float, interval: float = BEAT_SECONDS):
         self.timeout = float(timeout)

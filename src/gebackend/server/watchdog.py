@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Protocol
 
 from gebackend.server.heartbeat import heartbeat_file, read_beat
+from gebackend.server.procfs import read_stat, stat_fields as _fields
 
 STUB_NAME = "triton_python_backend_stub"
 PROC = Path("/proc")
@@ -63,29 +64,22 @@ def parse_stub(pid: int, stat: str, argv: list[str]) -> Stub | None:
     The stub's command line is: stub, <repo>/<model>/<version>/model.py, shm region, shm sizes (2),
     parent pid, backend folder, IPC handle, instance name, model folder of the backend.
     """
-    if len(argv) < 9 or not argv[0].endswith(STUB_NAME):
+    served = stub_identity(argv)
+    if served is None:
         return None
     fields = _fields(stat)
-    model = Path(argv[1]).parent.parent.name
-    return Stub(pid, int(fields[19]), model, argv[8], fields[0] in ("Z", "X"))
+    return Stub(pid, int(fields[19]), *served, fields[0] in ("Z", "X"))
 
 
 def _stat(pid: int) -> str | None:
-    try:
-        fd = os.open(f"{PROC}/{pid}/stat", os.O_RDONLY)
-    except OSError:
-        return None
-    try:
-        return os.read(fd, 1024).decode(errors="replace")
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
+    return read_stat(pid, PROC)
 
 
-def _fields(stat: str) -> list[str]:
-    """The fields after the command name: [state, ppid, ...]; field 19 is the start time."""
-    return stat[stat.rfind(")") + 2:].split()
+def stub_identity(argv: list[str]) -> tuple[str, str] | None:
+    """(model, instance) from a process's command line, or None if it is not a stub (see `parse_stub`)."""
+    if len(argv) < 9 or not argv[0].endswith(STUB_NAME):
+        return None
+    return Path(argv[1]).parent.parent.name, argv[8]
 
 
 class ProcessTable:

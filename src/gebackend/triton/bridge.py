@@ -74,8 +74,9 @@ def _pin(name: str, args: dict, config: dict, options, log):
                                  int(args.get("model_instance_device_id", 0) or 0))
         if plan is None:
             return options, None
-        if os.environ.get(CONTROL_ENV_VAR):  # under `gebackend serve`: take the cores other models left free
-            ledger = CoreLedger(Path(os.environ[CONTROL_ENV_VAR]))
+        control = _control_dir()
+        if control is not None:  # under `gebackend serve`: take the cores other models left free
+            ledger = CoreLedger(control)
             claim = ledger.claim(name, instance, plan.cpus, plan.usable)
             plan = plan.claimed(claim.cpus, claim.neighbours)
         pin_process(plan.cpus)
@@ -185,12 +186,18 @@ class ServedModel:
         self.executor.close()
 
 
+def _control_dir() -> Path | None:
+    """The control folder of the `gebackend serve` running this instance (None under a plain tritonserver)."""
+    control = os.environ.get(CONTROL_ENV_VAR)
+    return Path(control) if control else None
+
+
 def _heartbeat(spec: ModelSpec) -> Heartbeat | None:
     """Beat for the watchdog of `gebackend serve` (none without it, or with hang_timeout_s=0)."""
-    control = os.environ.get(CONTROL_ENV_VAR)
-    if not control or spec.options.hang_timeout_s <= 0:
+    control = _control_dir()
+    if control is None or spec.options.hang_timeout_s <= 0:
         return None
-    return Heartbeat(Path(control), spec.options.hang_timeout_s)
+    return Heartbeat(control, spec.options.hang_timeout_s)
 
 
 def _render_quietly(capture: Path, log: Any) -> None:
