@@ -283,8 +283,29 @@ def test_static_engine_with_overrides_equals_dynamic(tmp_path):
         np.testing.assert_array_equal(g, w)
 
 
-def test_analyze_bf16_on_openvino_reports_its_accuracy(models, capsys):
+def test_analyze_bf16_on_openvino_reports_its_accuracy_and_what_ran(models, capsys):
+    """On a CPU with BF16 the bf16 outputs move a little from fp32; on one without (AVX2-only), OpenVINO runs f32:
+    the outputs equal fp32's and the report says so."""
     pytest.importorskip("openvino")
+    from gebackend.engines.cpu import openvino_capabilities
+
     assert main(["analyze", str(models["bert"]), "--precision", "bf16", "--engine", "openvino"]) == 0
     out = capsys.readouterr().out
-    assert re.search(r"^precision bf16 \(openvino\) vs fp32: max_abs_diff=\S+ cosine=0\.99\d+ ", out, re.M), out
+    if "BF16" in openvino_capabilities():
+        assert re.search(r"^precision bf16 \(openvino\) vs fp32: max_abs_diff=\S+ cosine=0\.99\d+ ", out, re.M), out
+        assert re.search(r"^precision bf16 on this CPU \(.+\): ran bf16$", out, re.M), out
+    else:
+        assert re.search(r"^precision bf16 \(openvino\) vs fp32: max_abs_diff=\S+ cosine=1\.000000 ", out, re.M), out
+        assert re.search(r"^precision bf16 on this CPU \(.+\): bf16 requested, this CPU has no BF16: ran f32$", out, re.M), out
+
+
+def test_analyze_bf16_on_a_cpu_without_bf16_says_it_ran_f32(models, capsys, monkeypatch):
+    """What an AVX2-only CPU reports (OpenVINO: `FP32, INT8`), on any CPU: f32 ran, the outputs equal fp32's."""
+    pytest.importorskip("openvino")
+    from gebackend.engines import openvino as ov_engine
+
+    monkeypatch.setattr(ov_engine, "openvino_capabilities", lambda: ("FP32", "INT8"))
+    assert main(["analyze", str(models["bert"]), "--precision", "bf16", "--engine", "openvino", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)["precision"]
+    assert report["ran"] == "f32" and report["note"] == "bf16 requested, this CPU has no BF16: ran f32", report
+    assert report["cosine"] > 0.999999 and report["max_abs_diff"] < 1e-4, report

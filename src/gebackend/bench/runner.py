@@ -22,6 +22,7 @@ from typing import Callable, Sequence
 
 from gebackend.bench import inprocess, perf_analyzer, report, scenarios, server
 from gebackend.bench.models import DEFAULT_CACHE, BenchModel, models as known_models
+from gebackend.engines import cpu
 
 QUICK_MODELS = ("resnet_small",)
 FULL_MODELS = ("cnclip_image", "cnclip_text", "resnet50")
@@ -55,15 +56,9 @@ class BenchSettings:
 
 
 def machine() -> str:
-    cpu = platform.processor() or "?"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{cpu}, {os.cpu_count()} logical CPUs, {platform.system()} {platform.release()}, Python {platform.python_version()}"
+    """The machine a result was measured on: the CPU's model and its inference ISA flags, cores, OS, Python."""
+    return (f"{cpu.describe()}, {os.cpu_count()} logical CPUs, {platform.system()} {platform.release()}, "
+            f"Python {platform.python_version()}")
 
 
 def _loadavg() -> list[float]:
@@ -151,6 +146,12 @@ class Bench:
             result.update(status="not available", reason=missing.removeprefix("not available: "))
             self.log(f"bench: {tag}: {missing}")
             return result
+        if scenario.precision != "origin":
+            ran = cpu.precision_run(scenario.precision, scenario.engine)
+            result["precision_ran"] = ran.ran
+            if ran.note:
+                result["notes"] = "; ".join(filter(None, [result["notes"], ran.note]))
+                self.log(f"bench: {tag}: {ran.note}")
         repo = scenarios.write_repository(self.dir / "repos" / model.name / scenario.name, model, scenario, path)
         result["config"] = (repo / model.name / "config.pbtxt").read_text()
         started = time.monotonic()

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import onnx
 
+from gebackend.engines.cpu import describe as cpu_describe
+from gebackend.engines.cpu import precision_run
 from gebackend.errors import ConfigError, GeBackendError
 
 
@@ -100,9 +102,10 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
             folded, removed = fix(model, size_limit=args.size_limit)
             _save(folded, args.fix)
             fixed = {"path": str(args.fix), "removed_nodes": removed}
-        precision = None
+        precision = ran = None
         if getattr(args, "precision", None):
             precision = _precision_report(args.model, args.precision, args.engine, shapes or None)
+            ran = precision_run(args.precision, args.engine)
     except (GeBackendError, ValueError, OSError) as exc:
         print(f"gebackend analyze: {exc}", file=sys.stderr)
         return 2
@@ -114,7 +117,8 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
         if fixed is not None:
             result["fix"] = fixed
         if precision is not None:
-            result["precision"] = {"mode": args.precision, "engine": args.engine, **precision.to_dict()}
+            result["precision"] = {"mode": args.precision, "engine": args.engine, "ran": ran.ran, "note": ran.note,
+                                   **precision.to_dict()}
         print(json.dumps(result, indent=2))
         return 0
     print(f"model: {args.model}")
@@ -128,6 +132,7 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
         print(f"precision {args.precision} ({args.engine}) vs fp32: {lines[0]}")
         for line in lines[1:]:
             print(line)
+        print(f"precision {args.precision} on this CPU ({cpu_describe()}): {ran.describe()}")
     return 0
 
 

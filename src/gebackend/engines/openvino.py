@@ -54,6 +54,7 @@ import openvino.properties.hint as hints
 
 from gebackend.config.options import BackendOptions
 from gebackend.engines.base import Engine, EngineInputError, EngineRunError, ProfiledSession
+from gebackend.engines.cpu import fallback_note
 from gebackend.errors import ModelLoadError
 
 DEVICE = "CPU"
@@ -102,13 +103,18 @@ def resolve_precision(mode: str, capabilities: Sequence[str] | None = None) -> P
         raise ModelLoadError(f"precision_mode={mode!r} is not known to the OpenVINO engine")
     wanted = _WANTED[mode]
     if capabilities is None:
-        capabilities = list(core().get_property(DEVICE, props.device.capabilities))
+        capabilities = openvino_capabilities()
     if wanted == ov.Type.f16 and "FP16" not in capabilities:
         fallback = ov.Type.bf16 if "BF16" in capabilities else ov.Type.f32
-        return Precision(mode, fallback, f"fp16 is not supported by this CPU, running {_short(fallback)}")
+        return Precision(mode, fallback, fallback_note("fp16", "FP16", _short(fallback)))
     if wanted == ov.Type.bf16 and "BF16" not in capabilities:
-        return Precision(mode, ov.Type.f32, "bf16 is not supported by this CPU, running f32")
+        return Precision(mode, ov.Type.f32, fallback_note("bf16", "BF16", "f32"))
     return Precision(mode, wanted)
+
+
+def openvino_capabilities() -> tuple[str, ...]:
+    """The CPU plugin's OPTIMIZATION_CAPABILITIES here (`FP32, INT8` on an AVX2-only CPU; `BF16`, `FP16` where it has them)."""
+    return tuple(core().get_property(DEVICE, props.device.capabilities))
 
 
 def _short(t: ov.Type) -> str:

@@ -66,9 +66,13 @@ def _lower(spec: ModelSpec, folder: Path, providers: Sequence, log: Callable[[st
     """The spec pointing at the lowered model, and the precision part of the load line."""
     from gebackend.compile.accuracy import accuracy_report, random_feeds
     from gebackend.compile.precision import lower_precision
+    from gebackend.engines.cpu import precision_run
 
     mode = spec.options.precision_mode
     lowered = lower_precision(spec.path, mode, folder, log)
+    ran = precision_run(mode, "onnxruntime")
+    if ran.note:
+        log(f"precision {mode}: {ran.note}")
     try:
         feeds = random_feeds(spec.path, spec.static_shapes[0] if spec.static else None)
         report = accuracy_report(spec.path, lowered, feeds)
