@@ -279,6 +279,25 @@ def ended(process: psutil.Process) -> bool:
         return True
 
 
+LONG_RUN_S = 1.2  # spans a heartbeat (1 s), well within HANG_TIMEOUT_S
+
+
+def loop_iterations_for(client, seconds: float) -> int:
+    """How many iterations of the spinner's Loop take about `seconds` on this CPU, measured through the server.
+
+    The rate differs several-fold between CPUs (a fixed 1,500,000 took ~1 s on one machine and outlasted the 3 s
+    hang timeout on another); the slowest of three probes counts, so a busy moment makes the run shorter, not
+    longer. Capped where float32 still counts every addition exactly.
+    """
+    probe = 200_000
+    rates = []
+    for _ in range(3):
+        started = time.monotonic()
+        spin(client, probe)
+        rates.append(probe / (time.monotonic() - started))
+    return max(1, min(int(min(rates) * seconds), 2**24 - 2))
+
+
 def spin(client, iterations: int) -> np.ndarray:
     x = httpclient.InferInput("x", [1, 4], "FP32")
     x.set_data_from_numpy(np.ones((1, 4), np.float32))
@@ -345,9 +364,10 @@ def test_a_long_run_within_the_timeout_is_left_alone(healing_server):
     server = healing_server
     old = stubs(server)["spinner_0"]
     client = httpclient.InferenceServerClient(server.http_url, network_timeout=60)
+    iterations = loop_iterations_for(client, LONG_RUN_S)
     started = time.monotonic()
-    iterations = 1_500_000  # ~1 s here: spans a heartbeat, well within the 3 s timeout
     np.testing.assert_array_equal(spin(client, iterations), np.full((1, 4), iterations + 1.0, np.float32))
     took = time.monotonic() - started
     client.close()
-    assert stubs(server)["spinner_0"].pid == old.pid, f"killed after {took:.1f}s"
+    print(f"\n{iterations} Loop iterations took {took:.2f}s (hang timeout {HANG_TIMEOUT_S}s)")
+    assert stubs(server)["spinner_0"].pid == old.pid, f"killed after {took:.1f}s ({iterations} iterations)"
