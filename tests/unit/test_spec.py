@@ -309,7 +309,7 @@ def test_build_model_spec_contradiction_names_model(resnet_sig):
     assert "'resnet_ge'" in str(info.value) and "'image'" in str(info.value)
 
 
-def test_reshape_gives_the_dims_the_model_sees_and_a_batch_only_tensor_needs_it():
+def test_reshape_gives_the_dims_the_model_sees_and_a_batch_only_tensor_is_completed_with_one():
     from gebackend.modelzoo import build_row_scale
 
     sig = signature_of(build_row_scale())
@@ -317,11 +317,55 @@ def test_reshape_gives_the_dims_the_model_sees_and_a_batch_only_tensor_needs_it(
         {"name": "scale", "data_type": "TYPE_FP32", "dims": [1], "reshape": {"shape": []}}]}
     result = reconcile("m", declared, sig, 8)
     assert {t.name: t.dims for t in result.inputs} == {"scale": (), "x": (4,)}
-    with pytest.raises(ConfigError) as info:
-        reconcile("m", {"name": "m", "max_batch_size": 8}, sig, 8)
-    message = str(info.value)
-    assert "model 'm': input 'scale' has only the batch dim" in message
-    assert '{ name: "scale", data_type: TYPE_FP32, dims: [ 1 ], reshape: { shape: [ ] } }' in message
+    # Without a config, as Triton's onnxruntime backend completes it: dims [1], reshaped to [] for the model.
+    completed = reconcile("m", {"name": "m", "max_batch_size": 8}, sig, 8)
+    entries = {t.name: t.config_entry() for t in completed.inputs}
+    assert entries["scale"] == {"name": "scale", "data_type": "TYPE_FP32", "dims": [1], "reshape": {"shape": []}}
+    assert entries["x"] == {"name": "x", "data_type": "TYPE_FP32", "dims": [4]}
+    assert completed.max_batch_size == 8
+    # ... and the completed config is what the instance then loads.
+    again = reconcile("m", {"name": "m", "max_batch_size": 8, "input": list(entries.values())}, sig, 8, fill=False)
+    assert {t.name: t.dims for t in again.inputs} == {"scale": (), "x": (4,)}
     with pytest.raises(ConfigError, match="rank 1"):  # a reshape that does not match the ONNX file
         reconcile("m", {"name": "m", "max_batch_size": 8, "input": [
             {"name": "scale", "data_type": "TYPE_FP32", "dims": [1], "reshape": {"shape": [1]}}]}, sig, 8)
+
+
+def _model(inputs, outputs, nodes):
+    from onnx import helper
+
+    graph = helper.make_graph(nodes, "g", inputs, outputs)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_a_batch_only_output_is_completed_as_the_onnxruntime_backend_does():
+    """An ArgMax class index `idx: int64 [batch]`, the last layer of most classifiers."""
+    from onnx import TensorProto, helper
+
+    model = _model([helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 10])],
+                   [helper.make_tensor_value_info("idx", TensorProto.INT64, ["batch"])],
+                   [helper.make_node("ArgMax", ["x"], ["idx"], axis=1, keepdims=0)])
+    result = reconcile("cls", {"name": "cls"}, signature_of(model), 8)
+    assert result.max_batch_size == 8 and result.enable_dynamic_batching
+    assert result.outputs[0].config_entry() == {"name": "idx", "data_type": "TYPE_INT64", "dims": [1],
+                                                "reshape": {"shape": []}}
+
+
+def test_a_scalar_input_without_batching_is_completed_as_the_onnxruntime_backend_does():
+    from onnx import TensorProto, helper
+
+    model = _model([helper.make_tensor_value_info("x", TensorProto.FLOAT, [3]),
+                    helper.make_tensor_value_info("s", TensorProto.FLOAT, [])],
+                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3])],
+                   [helper.make_node("Mul", ["x", "s"], ["y"])])
+    result = reconcile("scaled", {"name": "scaled"}, signature_of(model), 8)
+    assert result.max_batch_size == 0 and not result.enable_dynamic_batching
+    entries = {t.name: t.config_entry() for t in result.inputs}
+    assert entries == {"x": {"name": "x", "data_type": "TYPE_FP32", "dims": [3]},
+                       "s": {"name": "s", "data_type": "TYPE_FP32", "dims": [1]}}  # Triton refuses [] reshapes here
+    spec_inputs = reconcile("scaled", {"name": "scaled", "input": list(entries.values())}, signature_of(model), 8,
+                            fill=False).inputs
+    assert {t.name: (t.dims, t.wire_dims) for t in spec_inputs} == {"x": ((3,), None), "s": ((), (1,))}
+    with pytest.raises(ConfigError, match=r"input 's' is a scalar in the ONNX file.*dims of 1 only.*\[2\]"):
+        reconcile("scaled", {"name": "scaled", "input": [{"name": "s", "data_type": "TYPE_FP32", "dims": [2]}]},
+                  signature_of(model), 8)

@@ -27,8 +27,18 @@ class TensorSpec:
     dtype: dtypes.DType
     dims: tuple[int, ...]  # -1: any size
     labels: tuple[str | None, ...]  # the ONNX dim_param of each dim, to check named dims agree across inputs
+    # A rank-0 tensor of a model without batching: the dims clients send and get ([1]; Triton has no scalars and
+    # refuses an empty reshape there); the adapter turns it into the scalar the model sees and back. None otherwise.
+    wire_dims: tuple[int, ...] | None = None
 
     def config_entry(self) -> dict[str, Any]:
+        """The config.pbtxt entry auto-complete writes, as Triton's onnxruntime backend completes it: Triton needs at
+        least one dim per tensor, so a tensor with only the batch dim is `dims: [1]` reshaped to `[]` (clients send
+        `[batch, 1]`, the model gets `[batch]`), and a scalar of a model without batching is `dims: [1]`."""
+        if self.wire_dims is not None:
+            return {"name": self.name, "data_type": self.dtype.triton, "dims": list(self.wire_dims)}
+        if not self.dims:
+            return {"name": self.name, "data_type": self.dtype.triton, "dims": [1], "reshape": {"shape": []}}
         return {"name": self.name, "data_type": self.dtype.triton, "dims": list(self.dims)}
 
 
@@ -112,13 +122,14 @@ def _merge_tensor(model: str, kind: str, entry: Mapping[str, Any] | None, tensor
                 f"but {tensor.dtype.triton} in the ONNX file"
             )
     config_dims = _config_dims(entry) if entry else None
-    if config_dims is None and batching and not onnx_dims:
-        raise ConfigError(
-            f"model '{model}': {kind} '{tensor.name}' has only the batch dim in the ONNX file and Triton needs at "
-            f"least one dim per tensor: declare it in config.pbtxt as {{ name: \"{tensor.name}\", data_type: "
-            f"{tensor.dtype.triton}, dims: [ 1 ], reshape: {{ shape: [ ] }} }} (clients then send [batch, 1])"
-        )
-    if config_dims is None:
+    if not batching and not onnx_dims:  # a scalar: [1] on the wire, as the onnxruntime backend serves it
+        if config_dims is not None and any(d != 1 for d in config_dims):
+            raise ConfigError(
+                f"model '{model}': {kind} '{tensor.name}' is a scalar in the ONNX file; a model without batching "
+                f"declares it with dims of 1 only (dims: [ 1 ]), not {config_dims}"
+            )
+        return TensorSpec(tensor.name, tensor.dtype, (), (), tuple(config_dims) if config_dims else (1,))
+    if config_dims is None:  # a tensor with only the batch dim is completed with a reshape (see config_entry)
         dims = tuple(d if isinstance(d, int) else -1 for d in onnx_dims)
     else:
         if len(config_dims) != len(onnx_dims):

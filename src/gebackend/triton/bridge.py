@@ -45,13 +45,19 @@ def auto_complete(auto_complete_model_config: Any, pb_utils: Any) -> Any:
     except GeBackendError as exc:
         raise ValueError(_named(name, str(exc))) from None
     declared = {e["name"]: e for e in (config.get("input") or []) + (config.get("output") or [])}
-    for tensor, add in [(t, auto_complete_model_config.add_input) for t in result.inputs] + [
-        (t, auto_complete_model_config.add_output) for t in result.outputs
+    for kind, tensor, add in [("input", t, auto_complete_model_config.add_input) for t in result.inputs] + [
+        ("output", t, auto_complete_model_config.add_output) for t in result.outputs
     ]:
         entry = tensor.config_entry()
         if declared.get(tensor.name, {}).get("dims"):
             entry["dims"] = list(declared[tensor.name]["dims"])  # keep what the user wrote
+            entry.pop("reshape", None)
+        reshape = entry.pop("reshape", None)  # add_input/add_output take no reshape: set it on the entry after
         add(entry)
+        if reshape is not None:
+            completed = auto_complete_model_config.as_dict()  # the config object's own dict, not a copy
+            target = next(e for e in completed[kind] if e["name"] == tensor.name)
+            target.setdefault("reshape", reshape)
     if result.max_batch_size != int(config.get("max_batch_size") or 0):
         auto_complete_model_config.set_max_batch_size(result.max_batch_size)
     if result.enable_dynamic_batching:
@@ -110,6 +116,8 @@ class ServedModel:
         self.metrics = metrics
         self.heartbeat = heartbeat
         self.ledger = ledger
+        self._scalar_inputs = {t.name: t.wire_dims for t in spec.inputs if t.wire_dims is not None}
+        self._scalar_outputs = {t.name: t.wire_dims for t in spec.outputs if t.wire_dims is not None}
 
     @classmethod
     def load(cls, args: dict, pb_utils: Any) -> "ServedModel":
@@ -155,7 +163,8 @@ class ServedModel:
     def _execute(self, requests: list) -> list:
         pb = self.pb
         started = time.monotonic_ns()
-        batch = [{t.name(): _to_engine(t.as_numpy()) for t in request.inputs()} for request in requests]
+        batch = [{t.name(): self._to_model(t.name(), _to_engine(t.as_numpy())) for t in request.inputs()}
+                 for request in requests]
         results = self.executor.execute(batch)
         if self.profiling is not None and self.profiling.active:
             rows = sum(next(iter(b.values())).shape[0] if self.spec.batching and b else 1 for b in batch)
@@ -168,9 +177,18 @@ class ServedModel:
                 responses.append(pb.InferenceResponse(output_tensors=[], error=pb.TritonError(str(result), code)))
                 continue
             wanted = request.requested_output_names() or list(result)
-            tensors = [pb.Tensor(name, _to_triton(result[name])) for name in wanted if name in result]
+            tensors = [pb.Tensor(name, self._to_wire(name, _to_triton(result[name]))) for name in wanted if name in result]
             responses.append(pb.InferenceResponse(output_tensors=tensors))
         return responses
+
+    def _to_model(self, name: str, array: np.ndarray) -> np.ndarray:
+        """A scalar input of a model without batching arrives as [1] (its config dims): the model takes it as []."""
+        dims = self._scalar_inputs.get(name)
+        return array.reshape(()) if dims is not None and array.shape == dims else array
+
+    def _to_wire(self, name: str, array: np.ndarray) -> np.ndarray:
+        dims = self._scalar_outputs.get(name)
+        return array.reshape(dims) if dims is not None and array.ndim == 0 else array
 
     def close(self) -> None:
         if self.heartbeat is not None:
