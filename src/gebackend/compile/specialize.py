@@ -52,6 +52,7 @@ def specialize(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]]) -> o
                         f"not {want} (model shape {_show(shape)})"
                     )
         tensor_type.ClearField("shape")
+        tensor_type.shape.SetInParent()  # a scalar ([]) keeps an empty shape: without one the dims are unknown
         for want in dims:
             tensor_type.shape.dim.add().dim_value = want
     # Shapes inferred for the symbolic model would contradict the fixed dims: infer afresh.
