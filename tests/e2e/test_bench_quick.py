@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from gebackend.bench import scenarios
+from gebackend.engines import cpu
 
 pytestmark = pytest.mark.e2e
 
@@ -48,3 +49,9 @@ def test_bench_quick_writes_its_table_and_plots(tmp_path):
         assert (run / plot).stat().st_size > 10_000
     assert (run / "resnet_small_ge_static.csv").read_text().startswith("Concurrency,")
     assert summary["meta"]["duration_s"] < 600
+    # The result names its CPU, and the bf16 rung says what it ran on this one (f32 where the CPU has no BF16).
+    assert summary["meta"]["machine"].startswith(cpu.describe())
+    bf16 = cpu.precision_run("bf16", "openvino")
+    assert ran["ge_bf16"]["precision_ran"] == bf16.ran
+    if bf16.note:
+        assert bf16.note in ran["ge_bf16"]["notes"] and bf16.note in table
