@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gebackend.config.pbtxt import load_model_config
+from gebackend.config.pbtxt import config_parse_error, load_model_config
 from gebackend.errors import ConfigError
 
 
@@ -44,10 +44,11 @@ def test_name_defaults_to_the_folder_and_max_batch_size_to_0(tmp_path):
     assert config == {"name": "bert_ge", "backend": "ge", "max_batch_size": 0}
 
 
-def test_parse_error_names_the_file(tmp_path):
+def test_parse_error_names_the_file_line_and_column(tmp_path):
     path = _write(tmp_path, 'backend: "ge"\nmax_batch_size: "eight"\n')
-    with pytest.raises(ConfigError, match=r"cannot parse .*my_model/config\.pbtxt: 2:"):
+    with pytest.raises(ConfigError) as info:
         load_model_config(path)
+    assert str(info.value) == f"cannot parse {path}:2:17: 'max_batch_size: \"eight\"': Couldn't parse integer: \"eight\""
 
 
 def test_unknown_field_is_a_parse_error(tmp_path):
@@ -58,3 +59,27 @@ def test_unknown_field_is_a_parse_error(tmp_path):
 def test_missing_file(tmp_path):
     with pytest.raises(ConfigError, match="cannot read"):
         load_model_config(tmp_path / "absent" / "config.pbtxt")
+
+
+@pytest.mark.parametrize("text,where,complaint", [
+    ('backend: "ge"\nmax_batch_size: 4\ninput [ { name: "x" dims: [ 4 ] }\n', "4:1", 'Expected'),  # unclosed list
+    ('backend: "ge"\n  dynamic_batching { max_queue_delay: 5 }\n', "2:22", 'has no field named "max_queue_delay"'),
+    ('backend: "ge"\ninstance_group [ { kind: KIND_TPU } ]\n', "2:26", 'KIND_TPU'),
+    ('backend: "ge"\nbackend: "ge"\n', "2:10", 'should not have multiple "backend" fields'),
+])
+def test_config_parse_error_says_where_and_why(tmp_path, text, where, complaint):
+    path = _write(tmp_path, text)
+    reason = config_parse_error(path.parent)
+    assert reason.startswith(f"cannot parse {path}:{where}: "), reason
+    assert complaint in reason
+
+
+def test_config_parse_error_is_none_when_it_parses_or_is_absent(tmp_path):
+    assert config_parse_error(_write(tmp_path, 'backend: "ge"\nmax_batch_size: 4\n').parent) is None
+    assert config_parse_error(tmp_path / "no_such_model") is None
+
+
+def test_config_parse_error_for_an_unreadable_file(tmp_path):
+    path = _write(tmp_path, "")
+    path.write_bytes(b"\xff\xfe backend")
+    assert config_parse_error(path.parent).startswith(f"cannot read {path}: ")

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 from gebackend.config.options import parse_backend_config_args
+from gebackend.config.pbtxt import config_parse_error
 from gebackend.errors import GeBackendError
 from gebackend.server.launcher import (
     ServerSettings,
@@ -208,7 +209,8 @@ def _reload(server: TritonServer, watchdog: Watchdog, before: dict[str, tuple]) 
             try:
                 server.load_model(name)
             except GeBackendError as exc:
-                _say(f"reload: model '{name}' failed: {load_failure_reason({'reason': str(exc)})}")
+                reason = failure_reason(server.settings.model_repository, {"name": name, "reason": str(exc)})
+                _say(f"reload: model '{name}' failed: {reason}")
                 continue
             verb = "reloaded" if name in before else "loaded"
             _say(f"reload: model '{name}' {verb} in {time.monotonic() - started:.1f}s")
@@ -261,6 +263,17 @@ def _report_shutdown(result: Shutdown, exit_timeout: int) -> int:
     return result.code if result.code > 0 else 1
 
 
+def failure_reason(repository: Path, entry: dict) -> str:
+    """Why a model did not load: Triton's reason, except for a config.pbtxt it could not read, where Triton says
+    nothing (or only "failed to read text proto"): then the file, line, column and the parser's complaint."""
+    reason = load_failure_reason({"reason": entry.get("reason")})
+    if entry.get("name") and (not reason or "text proto" in reason or "failed to poll" in reason):
+        parsed = config_parse_error(Path(repository) / str(entry["name"]))
+        if parsed:
+            return parsed
+    return reason or f"tritonserver gave no reason (state {entry.get('state') or 'UNKNOWN'}; see its log above)"
+
+
 def _where(address: str) -> str:
     return "listening on every interface" if address in ("", "0.0.0.0", "::") else f"listening on {address}"
 
@@ -291,6 +304,7 @@ def _announce(settings: ServerSettings, index: list[dict], control: str) -> None
         *format_model_table(index),
     ]
     for entry in failed:
-        lines.append(f"gebackend: model '{entry.get('name')}' failed to load: {load_failure_reason(entry)}")
+        reason = failure_reason(settings.model_repository, entry)
+        lines.append(f"gebackend: model '{entry.get('name')}' failed to load: {reason}")
     lines.append("gebackend: ready; Ctrl-C to stop")
     print("\n".join(lines), flush=True)

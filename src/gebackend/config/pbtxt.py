@@ -1,4 +1,5 @@
-"""Reading a Triton config.pbtxt into the JSON-shaped dict Triton hands a Python backend."""
+"""Reading a Triton config.pbtxt into the JSON-shaped dict Triton hands a Python backend, and saying where and why
+one does not parse (tritonserver only logs "failed to read text proto")."""
 
 from __future__ import annotations
 
@@ -50,11 +51,10 @@ def _ints(message: descriptor.Descriptor, data: dict[str, Any]) -> dict[str, Any
     return data
 
 
-def load_model_config(path: str | os.PathLike) -> dict[str, Any]:
-    """The config.pbtxt at `path` as a dict in Triton's JSON shape; `name` defaults to the parent folder's name."""
+def _parse(path: Path):
+    """The ModelConfig message in the file; ConfigError says why not ('<path>:<line>:<column>: <complaint>')."""
     from tritonclient.grpc import model_config_pb2
 
-    path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
@@ -63,7 +63,37 @@ def load_model_config(path: str | os.PathLike) -> dict[str, Any]:
     try:
         text_format.Parse(text, message)
     except text_format.ParseError as exc:
-        raise ConfigError(f"cannot parse {path}: {exc}") from None
+        raise ConfigError(f"cannot parse {_located(path, exc)}") from None
+    return message
+
+
+def _located(path: Path, exc: text_format.ParseError) -> str:
+    """'<path>:<line>:<column>: <complaint>' (protobuf puts '<line>:<column> : ' before its message)."""
+    line, column = exc.GetLine(), exc.GetColumn()
+    complaint = str(exc)
+    if line is None:
+        return f"{path}: {complaint}"
+    prefix = f"{line}:{column} : "
+    return f"{path}:{line}:{column}: {complaint[len(prefix):] if complaint.startswith(prefix) else complaint}"
+
+
+def config_parse_error(model_dir: str | os.PathLike) -> str | None:
+    """Why `<model_dir>/config.pbtxt` is not a Triton model config (file, line, column, the parser's complaint);
+    None when it parses or when there is no such file (Triton then auto-completes the config)."""
+    path = Path(model_dir) / "config.pbtxt"
+    if not path.is_file():
+        return None
+    try:
+        _parse(path)
+    except ConfigError as exc:
+        return str(exc)
+    return None
+
+
+def load_model_config(path: str | os.PathLike) -> dict[str, Any]:
+    """The config.pbtxt at `path` as a dict in Triton's JSON shape; `name` defaults to the parent folder's name."""
+    path = Path(path)
+    message = _parse(path)
     config = _ints(message.DESCRIPTOR, json_format.MessageToDict(message, preserving_proto_field_name=True))
     if not config.get("name"):
         config["name"] = path.resolve().parent.name
