@@ -145,7 +145,8 @@ def test_unknown_keys_returned_once_not_raised():
         {"ge.exec.deviceId": "0", "intra_op_thread_count": "2", "foo": "1"},
         {"foo": "2", "ge.exec.deviceId": "1", "bar": "x"},
     )
-    assert parsed.unknown == ("ge.exec.deviceId", "foo", "bar")
+    assert parsed.unknown == ("foo", "bar")
+    assert parsed.no_effect == ("ge.exec.deviceId",)  # a ge-backend key: accepted, reported apart
     assert parsed.options.intra_op_thread_count == 2
     assert not set(parsed.unknown) & KNOWN_KEYS
     assert "foo" not in parsed.sources
@@ -153,13 +154,15 @@ def test_unknown_keys_returned_once_not_raised():
 
 @pytest.mark.parametrize(
     "level,expected",
-    [(-1, "basic"), ("-1", "basic"), (1, "extended"), ("1", "extended"), (2, "all"), (0, "all"), ("0", "all")],
+    # As Triton's onnxruntime backend maps them (src/onnxruntime.cc): -1 basic, 1 extended, 2 disable all, else all.
+    [(-1, "basic"), ("-1", "basic"), (1, "extended"), ("1", "extended"), (2, "disable"), ("2", "disable"),
+     (0, "all"), ("0", "all"), (3, "all"), (-2, "all"), (99, "all")],
 )
 def test_optimization_graph_level(level, expected):
     config = {"name": "m", "optimization": {"graph": {"level": level}}}
     parsed = parse_options("m", {}, {}, config)
     assert parsed.options.graph_optimization_level == expected
-    if level in (0, "0"):
+    if level in (0, "0"):  # 0 is also what an unset level reads as: the default, a global option may change it
         assert "graph_optimization_level" not in parsed.sources
     else:
         assert parsed.sources["graph_optimization_level"] == "optimization.graph.level"
@@ -274,3 +277,92 @@ def test_parse_backend_config_args_malformed(arg):
         parse_backend_config_args(["python,x=y", arg])
     assert repr(arg) in str(info.value)
     assert "KEY=VALUE" in str(info.value)
+
+
+def test_graph_level_0_leaves_a_global_option_alone_and_2_beats_it():
+    assert parse_options("m", {"graph_optimization_level": "basic"}, {},
+                         {"optimization": {"graph": {"level": 0}}}).options.graph_optimization_level == "basic"
+    assert parse_options("m", {"graph_optimization_level": "basic"}, {},
+                         {"optimization": {"graph": {"level": 2}}}).options.graph_optimization_level == "disable"
+
+
+OPENVINO = {"optimization": {"execution_accelerators": {"cpu_execution_accelerator": [{"name": "openvino", "parameters": {}}]}}}
+
+
+def test_cpu_openvino_accelerator_selects_the_openvino_engine():
+    parsed = parse_options("m", {}, {}, OPENVINO)
+    assert parsed.options.engine == "openvino"
+    assert parsed.options.accelerators.cpu == ("openvino",)
+    assert parsed.sources["engine"] == "optimization.execution_accelerators"
+
+
+def test_openvino_accelerator_beats_global_engine_and_a_model_parameter_beats_it():
+    assert parse_options("m", {"engine": "onnxruntime"}, {}, OPENVINO).options.engine == "openvino"
+    parsed = parse_options("m", {}, {"engine": "onnxruntime"}, OPENVINO)
+    assert parsed.options.engine == "onnxruntime"
+    assert parsed.sources["engine"] == "model"
+    assert parsed.options.accelerators.cpu == ("openvino",)  # still parsed and reported
+
+
+def test_gpu_accelerators_are_parsed_into_options():
+    config = {"optimization": {"execution_accelerators": {"gpu_execution_accelerator": [
+        {"name": "tensorrt", "parameters": {"precision_mode": "INT8", "trt_engine_cache_enable": "1"}},
+        {"name": "cuda", "parameters": {"cudnn_conv_use_max_workspace": "1"}}]}}}
+    options = parse_options("m", {}, {}, config).options
+    assert options.engine == "onnxruntime"
+    assert options.accelerators.tensorrt.precision_mode == "INT8"
+    assert options.accelerators.tensorrt.trt_engine_cache_enable is True
+    assert options.accelerators.cuda.options == (("cudnn_conv_use_max_workspace", "1"),)
+
+
+def test_unknown_accelerator_fails_naming_it():
+    config = {"optimization": {"execution_accelerators": {"gpu_execution_accelerator": [{"name": "rocm"}]}}}
+    with pytest.raises(ConfigError, match="model 'm': unknown Execution Accelerator 'rocm' is requested"):
+        parse_options("m", {}, {}, config)
+
+
+@pytest.mark.parametrize("text,expected", [("4,5", (4, 5)), ("2", (2,)), (" 0 , 3 ,", (0, 3)), ("", ())])
+def test_device_ids(text, expected):
+    parsed = parse_options("m", {}, {"device_ids": text})
+    assert parsed.options.device_ids == expected
+    assert parsed.unknown == () and parsed.no_effect == ()
+
+
+@pytest.mark.parametrize("key,value", [("device_ids", "a,b"), ("device_ids", "-1"), ("device_exec_blocks", "0"),
+                                       ("device_exec_blocks", "-2"), ("instance_exec_blocks", "0"), ("dump_data", "maybe")])
+def test_invalid_ge_backend_values_name_the_key(key, value):
+    with pytest.raises(ConfigError, match=f"model 'm': option {key}={value!r}"):
+        parse_options("m", {}, {key: value})
+
+
+def test_exec_blocks_and_dump_data():
+    assert parse_options("m", {}, {}).options.device_exec_blocks == -1
+    options = parse_options("m", {"device_exec_blocks": "8"}, {"instance_exec_blocks": "2", "dump_data": "1"}).options
+    assert (options.device_exec_blocks, options.instance_exec_blocks, options.dump_data) == (8, 2, True)
+    assert parse_options("m", {}, {"device_exec_blocks": "-1"}).options.device_exec_blocks == -1
+
+
+@pytest.mark.parametrize("prefix", ["", "session.", "graph."])
+def test_ge_family_keys_with_an_equivalent_are_mapped_at_every_level(prefix):
+    parsed = parse_options("m", {}, {f"{prefix}ge.aicoreNum": "12|10", f"{prefix}ge.exec.enableDump": "1"})
+    assert parsed.options.cores_per_instance == 12
+    assert parsed.options.dump_data is True
+    assert parse_options("m", {}, {f"{prefix}ge.exec.precision_mode_v2": "fp16"}).options.precision_mode == "fp16"
+    assert parse_options("m", {}, {f"{prefix}ge.exec.precision_mode": "allow_mix_precision_bf16"}).options.precision_mode == "bf16"
+    assert parse_options("m", {}, {f"{prefix}ge.exec.precision_mode": "force_fp32"}).options.precision_mode == "origin"
+    assert parsed.unknown == () and parsed.no_effect == ()
+
+
+def test_precision_mode_v1_refuses_v2_values():
+    with pytest.raises(ConfigError, match="ge.exec.precision_mode='mixed_float16'"):
+        parse_options("m", {}, {"ge.exec.precision_mode": "mixed_float16"})
+
+
+def test_ge_family_keys_without_an_equivalent_are_no_effect_once_in_order():
+    parsed = parse_options("m", {"ge.graphRunMode": "0", "graph.ge.inputFormat": "NCHW"},
+                           {"session.ge.exec.atomicCleanPolicy": "1", "ge.graphRunMode": "1", "gex.thing": "1"})
+    assert parsed.no_effect == ("ge.graphRunMode", "graph.ge.inputFormat", "session.ge.exec.atomicCleanPolicy")
+    assert parsed.unknown == ("gex.thing",)
+    # Triton onnxruntime backend's session.* keys are not ge-backend's: they stay unknown here.
+    assert parse_options("m", {}, {"session.use_device_allocator_for_initializers": "1"}).unknown == (
+        "session.use_device_allocator_for_initializers",)

@@ -6,8 +6,15 @@ Options reach a model from two places, merged in this order (later wins):
    for Python-based backends before it reaches `model.py`);
 2. per model: `parameters { key: "KEY" value: { string_value: "VALUE" } }` in config.pbtxt.
 
+config.pbtxt's own sections that Triton's onnxruntime backend reads sit between the two: `optimization
+{ graph { level } }` (graph_optimization_level) and `optimization { execution_accelerators }`
+(config/accelerators.py; `openvino` on the CPU selects engine=openvino) beat a global option and lose to a
+per-model parameter.
+
 Keys follow Triton's onnxruntime_backend where it has them; Ascend ge-backend's keys are accepted
-under their own names. Unknown keys are returned so the caller reports them once at load.
+under their own names (config/ge_keys.py: its `ge.*` / `session.ge.*` / `graph.ge.*` keys with an
+equivalent are aliases, the others are returned as accepted without effect). Unknown keys are returned
+so the caller reports them once at load.
 """
 
 from __future__ import annotations
@@ -17,6 +24,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
+from gebackend.config.accelerators import Accelerators, parse_accelerators
+from gebackend.config.ge_keys import ALIASES, PRECISION_V1, is_ge_family
 from gebackend.errors import ConfigError
 
 ENV_VAR = "GE_BACKEND_CONFIG"
@@ -92,6 +101,19 @@ def _first_int(text: str) -> int:
     raise ValueError("expected a number of cores")
 
 
+def _device_ids(text: str) -> tuple[int, ...]:
+    """ge-backend's device_ids: "4,5" (empty parts are skipped, as its Split does)."""
+    return tuple(_non_negative_int(part) for part in text.split(",") if part.strip())
+
+
+def _exec_blocks(text: str) -> int:
+    """device_exec_blocks: -1 (ge-backend's default: computed from the instances) or an integer >= 1."""
+    value = int(text.strip())
+    if value != -1 and value < 1:
+        raise ValueError("expected an integer >= 1 (or -1: computed)")
+    return value
+
+
 _EXECUTION_MODES = {"0": "sequential", "sequential": "sequential", "1": "parallel", "parallel": "parallel"}
 _OPT_LEVELS = {
     "disable": "disable", "disabled": "disable", "none": "disable",
@@ -132,6 +154,12 @@ class BackendOptions:
     allow_spinning: str = "auto"  # ORT intra-op spinning: "auto" (off when pinned instances share cores) | "on" | "off"
     # An instance inside one execute() this long, or frozen this long, is killed and its model restored (server/heartbeat.py); 0: never
     hang_timeout_s: float = 120.0
+    # optimization { execution_accelerators } (config/accelerators.py): parsed, for the engines to run
+    accelerators: Accelerators = field(default_factory=Accelerators)
+    device_ids: tuple[int, ...] = ()  # ge-backend's device_ids: parsed and reported (config/ge_keys.py)
+    device_exec_blocks: int = -1  # ge-backend's execution blocks per device; -1: computed. Reported, no effect
+    instance_exec_blocks: int = 1  # ge-backend's execution blocks per instance. Reported, no effect
+    dump_data: bool = False  # write the first request's every node input and output (profiling/dump_data.py)
 
 
 # key -> (field name, parser). Aliases map several keys onto one field.
@@ -165,7 +193,15 @@ _KEYS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "disable_prepacking": ("disable_prepacking", _bool),
     "allow_spinning": ("allow_spinning", _choice({"auto": "auto", **{k: "on" for k in _TRUE}, **{k: "off" for k in _FALSE}})),
     "hang_timeout_s": ("hang_timeout_s", _non_negative_seconds),
+    "device_ids": ("device_ids", _device_ids),
+    "device_exec_blocks": ("device_exec_blocks", _exec_blocks),
+    "instance_exec_blocks": ("instance_exec_blocks", _positive_int),
+    "dump_data": ("dump_data", _bool),
 }
+# ge-backend's family keys with an equivalent (config/ge_keys.py) parse like the key they stand for;
+# precision_mode_v1 is GE's ge.exec.precision_mode, whose values differ from precision_mode_v2's.
+_TARGETS = {**_KEYS, "precision_mode_v1": ("precision_mode", _choice(PRECISION_V1))}
+_KEYS.update({key: _TARGETS[target] for key, target in ALIASES.items() if key != target})
 
 KNOWN_KEYS = frozenset(_KEYS)
 
@@ -174,7 +210,8 @@ KNOWN_KEYS = frozenset(_KEYS)
 class ParsedOptions:
     options: BackendOptions
     unknown: tuple[str, ...] = ()  # keys nobody understood, to be reported once at load
-    sources: Mapping[str, str] = field(default_factory=dict)  # key -> "global" | "model"
+    sources: Mapping[str, str] = field(default_factory=dict)  # key -> "global" | "model" | the config section
+    no_effect: tuple[str, ...] = ()  # ge-backend keys (ge.*, session.ge.*, graph.ge.*) accepted without an effect here
 
 
 def global_options_from_env(environ: Mapping[str, str] = os.environ) -> dict[str, str]:
@@ -203,10 +240,10 @@ def model_parameters(model_config: Mapping[str, Any]) -> dict[str, str]:
 def graph_level_from_config(model_name: str, model_config: Mapping[str, Any]) -> str | None:
     """config.pbtxt `optimization { graph { level } }`, read as Triton's onnxruntime_backend reads it."""
     level = ((model_config.get("optimization") or {}).get("graph") or {}).get("level")
-    if level in (None, 0, "0"):
+    if level in (None, 0, "0"):  # the peer: ORT_ENABLE_ALL, our default; 0 is also what an unset level reads as
         return None
-    try:
-        return {-1: "basic", 1: "extended"}.get(int(level), "all")
+    try:  # the peer (src/onnxruntime.cc, ModelState): -1 basic, 1 extended, 2 disable all, anything else all
+        return {-1: "basic", 1: "extended", 2: "disable"}.get(int(level), "all")
     except ValueError:
         raise ConfigError(f"model '{model_name}': optimization.graph.level {level!r} is not an integer") from None
 
@@ -221,14 +258,15 @@ def parse_options(
     values: dict[str, Any] = {}
     sources: dict[str, str] = {}
     unknown: list[str] = []
+    no_effect: list[str] = []
     for source, options in (("global", global_options), ("model", model_options)):
-        if source == "model" and model_config is not None and (level := graph_level_from_config(model_name, model_config)):
-            values["graph_optimization_level"] = level  # config.pbtxt's own setting beats the global one
-            sources["graph_optimization_level"] = "optimization.graph.level"
+        if source == "model" and model_config is not None:
+            _config_sections(model_name, model_config, values, sources)  # they beat the global options
         for key, text in options.items():
             if key not in _KEYS:
-                if key not in unknown:
-                    unknown.append(key)
+                missing = no_effect if is_ge_family(key) else unknown
+                if key not in missing:
+                    missing.append(key)
                 continue
             name, parse = _KEYS[key]
             try:
@@ -239,7 +277,21 @@ def parse_options(
                     f"model '{model_name}': option {key}={text!r} (from {where}) is invalid: {exc}"
                 ) from None
             sources[key] = source
-    return ParsedOptions(BackendOptions(**values), tuple(unknown), sources)
+    return ParsedOptions(BackendOptions(**values), tuple(unknown), sources, tuple(no_effect))
+
+
+def _config_sections(model_name: str, model_config: Mapping[str, Any], values: dict, sources: dict) -> None:
+    """config.pbtxt's `optimization` settings, as Triton's onnxruntime backend reads them."""
+    if level := graph_level_from_config(model_name, model_config):
+        values["graph_optimization_level"] = level
+        sources["graph_optimization_level"] = "optimization.graph.level"
+    accelerators = parse_accelerators(model_name, model_config)
+    if accelerators:
+        values["accelerators"] = accelerators
+        sources["accelerators"] = "optimization.execution_accelerators"
+    if "openvino" in accelerators.cpu:
+        values["engine"] = "openvino"
+        sources["engine"] = "optimization.execution_accelerators"
 
 
 def parse_backend_config_args(args: list[str], backend_names: tuple[str, ...] = ("ge", "npu_ge")) -> tuple[dict[str, str], list[str]]:

@@ -14,16 +14,19 @@ from typing import Any
 
 import numpy as np
 
+from gebackend.config.io_names import aliased_model, aliased_signature
 from gebackend.config.model_file import find_model_file, latest_version_dir, model_dir_in_repositories
 from gebackend.config.onnx_signature import read_signature
+from gebackend.config.option_report import load_report
 from gebackend.config.options import ParsedOptions, global_options_from_env, model_parameters, parse_options
 from gebackend.config.spec import ModelSpec, build_model_spec, reconcile
 from gebackend.engines import providers_for
 from gebackend.errors import GeBackendError, InvalidRequest
 from gebackend.runtime.core_ledger import CoreLedger
 from gebackend.runtime.executor import Executor
-from gebackend.runtime.loader import load_executor
+from gebackend.runtime.loader import load_executor, server_temp_parent
 from gebackend.profiling.control import ProfilingControl
+from gebackend.profiling.dump_data import first_request_dump
 from gebackend.server.heartbeat import Heartbeat
 from gebackend.server.registry import CONTROL_ENV_VAR
 from gebackend.triton.metrics import BackendMetrics
@@ -41,7 +44,7 @@ def auto_complete(auto_complete_model_config: Any, pb_utils: Any) -> Any:
         version_dir = latest_version_dir(model_dir_in_repositories(name))
         path = find_model_file(version_dir, config.get("default_model_filename", ""))
         parsed = _options(name, config)
-        result = reconcile(name, config, read_signature(path), parsed.options.default_max_batch_size)
+        result = reconcile(name, config, aliased_signature(config, read_signature(path)), parsed.options.default_max_batch_size)
     except GeBackendError as exc:
         raise ValueError(_named(name, str(exc))) from None
     declared = {e["name"]: e for e in (config.get("input") or []) + (config.get("output") or [])}
@@ -106,6 +109,8 @@ def _named(model: str, message: str) -> str:
 class ServedModel:
     """One loaded instance of a model: its spec and executor, speaking pb_utils at the edges."""
 
+    dump = None  # dump_data=1: profiling/dump_data.py writes the first request's every node input and output
+
     def __init__(self, spec: ModelSpec, executor: Executor, pb_utils: Any, profiling: ProfilingControl | None = None,
                  metrics: BackendMetrics | None = None, heartbeat: Heartbeat | None = None,
                  ledger: CoreLedger | None = None):
@@ -129,9 +134,10 @@ class ServedModel:
             version_dir = Path(args["model_repository"]) / str(args["model_version"])
             path = find_model_file(version_dir, config.get("default_model_filename", ""))
             parsed = _options(name, config)
-            if parsed.unknown:
-                log.log_warn(f"gebackend: model '{name}': unknown option(s) ignored: {', '.join(parsed.unknown)}")
+            for warn, line in load_report(parsed, config, args.get("model_instance_kind", "CPU")):
+                (log.log_warn if warn else log.log_info)(f"gebackend: model '{name}': {line}")
             say = lambda m: log.log_info(f"gebackend: model '{name}': {m}")  # noqa: E731
+            path = aliased_model(config, path, say, server_temp_parent())  # npu_ge: names paired by position
             options, ledger = _pin(name, args, config, parsed.options, log)
             spec = build_model_spec(config, read_signature(path), path, options)
             providers = providers_for(args.get("model_instance_kind", "CPU"), int(args.get("model_instance_device_id", 0)))
@@ -149,7 +155,9 @@ class ServedModel:
             profiling = ProfilingControl(name, args["model_instance_name"], engines, spec.options.profiling,
                                          spec.options.profiling_dir, say)
         metrics = BackendMetrics(pb_utils, name, executor.runner, seconds).start() if hasattr(pb_utils, "MetricFamily") else None
-        return cls(spec, executor, pb_utils, profiling, metrics, _heartbeat(spec), ledger)
+        served = cls(spec, executor, pb_utils, profiling, metrics, _heartbeat(spec), ledger)
+        served.dump = first_request_dump(spec, args["model_instance_name"], say)
+        return served
 
     def execute(self, requests: list) -> list:
         if self.heartbeat is None:
@@ -166,6 +174,8 @@ class ServedModel:
         batch = [{t.name(): self._to_model(t.name(), _to_engine(t.as_numpy())) for t in request.inputs()}
                  for request in requests]
         results = self.executor.execute(batch)
+        if self.dump is not None:
+            self.dump = self.dump.offer(batch, results)
         if self.profiling is not None and self.profiling.active:
             rows = sum(next(iter(b.values())).shape[0] if self.spec.batching and b else 1 for b in batch)
             errors = sum(isinstance(r, BaseException) for r in results)

@@ -1,0 +1,32 @@
+"""What the load log says about a model's options: unknown keys, ge-backend keys without an effect, ge-backend's
+device keys, and the execution accelerators config.pbtxt asks for. Each line is written once per instance load."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from gebackend.config.ge_keys import describe_no_effect, device_notes
+from gebackend.config.options import ParsedOptions
+
+
+def load_report(parsed: ParsedOptions, model_config: Mapping[str, Any], instance_kind: str = "CPU") -> list[tuple[bool, str]]:
+    """(is_warning, line) pairs, in the order they should be logged."""
+    options = parsed.options
+    lines: list[tuple[bool, str]] = []
+    if parsed.unknown:
+        lines.append((True, f"unknown option(s) ignored: {', '.join(parsed.unknown)}"))
+    if parsed.no_effect:
+        lines.append((True, describe_no_effect(parsed.no_effect)))
+    lines.extend((False, note) for note in device_notes(options, model_config, instance_kind))
+    accelerators = options.accelerators
+    if accelerators.cpu:
+        if parsed.sources.get("engine") == "optimization.execution_accelerators":
+            effect = "selects engine=openvino"
+        else:
+            effect = f"the config.pbtxt parameter engine={options.engine} wins"
+        lines.append((False, f"cpu_execution_accelerator {', '.join(accelerators.cpu)}: {effect}"))
+    if accelerators.gpu:
+        described = ", ".join(a.describe() for a in accelerators.gpu)
+        lines.append((True, f"gpu_execution_accelerator {described}: parsed, not run by these engines yet "
+                            f"(this {instance_kind.upper().replace('KIND_', '')} instance uses their defaults)"))
+    return lines

@@ -1,0 +1,293 @@
+"""Configs written for the peers, served through `gebackend serve` and the real tritonserver: Ascend ge-backend's own
+example (example/resnet/config.pbtxt, verbatim, with its layout), Triton onnxruntime-backend sections
+(`optimization { graph, execution_accelerators }`), Triton's `model_warmup`, ge-backend's device and `ge.*` keys
+and `dump_data`, and a config.pbtxt that does not parse beside models that do."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import time
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import tritonclient.http as httpclient
+from onnx import TensorProto, helper, numpy_helper
+
+from gebackend.modelzoo import build_add_mul
+
+from .conftest import add_model, params
+from .server import start_server
+from .test_serving import infer
+
+pytestmark = pytest.mark.e2e
+
+# hicann/triton-inference-server-ge-backend, example/resnet/config.pbtxt, as published (comments included).
+GE_BACKEND_RESNET_CONFIG = """name: "resnet"
+backend: "npu_ge"
+max_batch_size: 64
+
+# input output 可以不填，由程序自行解析
+input [
+  {
+    name: "data"
+    data_type: TYPE_FP32
+    dims: [3, 224, 224 ]
+  }
+]
+output [
+  {
+    name: "resnetv24_dense0_fwd"
+    data_type: TYPE_FP32
+    dims: [1000 ]
+  }
+]
+
+#初始测试建议1，后续性能调优可以参考相关文档调整
+instance_group [{
+  count: 1
+}
+]
+
+#动态batch合并，静态图场景下需删除
+# dynamic_batching { 
+#   max_queue_delay_microseconds: 1000  # 等待合并的最大延迟（微秒），可调整
+#   preferred_batch_size: [2, 4, 8]    # 优先合并成这些batch_size（可选）
+# }
+
+# 选择运行在哪些卡上
+parameters: [
+{
+  key: "device_ids",
+  value: {string_value: "4,5"}
+}
+]
+
+# 静态图开关，仅在所有shape均为固定值时生效
+# parameters: [
+# {
+#   key: "static_model",
+#   value: {string_value: "1"} # GE静态图开关，此配置与 dynamic_batching 互斥
+# }
+# ]
+"""
+
+ONE_CPU = "instance_group [ { kind: KIND_CPU, count: 1 } ]\n"
+
+ORT_PEER_SECTIONS = """optimization {
+  graph { level: 2 }
+  execution_accelerators {
+    cpu_execution_accelerator [ { name: "openvino" } ]
+    gpu_execution_accelerator [ {
+      name: "tensorrt"
+      parameters { key: "precision_mode" value: "FP16" }
+      parameters { key: "max_workspace_size_bytes" value: "1073741824" }
+      parameters { key: "trt_engine_cache_enable" value: "true" }
+    } ]
+  }
+}
+"""
+
+WARMUP = """model_warmup [ {
+  name: "zeros_and_random"
+  batch_size: 2
+  inputs { key: "x" value: { data_type: TYPE_FP32, dims: [ 4 ], zero_data: true } }
+  inputs { key: "y" value: { data_type: TYPE_FP32, dims: [ 4 ], random_data: true } }
+} ]
+"""
+
+BROKEN_CONFIG = 'backend: "ge"\nmax_batch_size: 4\ninput [ { name: "x" data_type: TYPE_FP32 dims: [ 4 ] } ]\nmax_batch_size: eight\n'
+
+
+def resnet18_like() -> onnx.ModelProto:
+    """resnet18-v1-7's boundary (input `data` [N,3,224,224], output `resnetv15_dense0_fwd` [N,1000], opset 7)
+    around a small random-weight CNN: conv/BN/relu/pool, a strided conv, global pooling and the dense layer."""
+    rng = np.random.default_rng(18)
+
+    def weight(name, *shape):
+        return numpy_helper.from_array((rng.standard_normal(shape) * (2.0 / np.prod(shape[1:])) ** 0.5).astype(np.float32), name)
+
+    inits = [weight("conv0_weight", 8, 3, 7, 7), weight("conv1_weight", 16, 8, 3, 3), weight("dense0_weight", 1000, 16),
+             numpy_helper.from_array(np.zeros(1000, np.float32), "dense0_bias")]
+    inits += [numpy_helper.from_array(v.astype(np.float32), f"bn_{k}") for k, v in
+              {"gamma": np.ones(8), "beta": np.zeros(8), "mean": rng.standard_normal(8) * 0.1, "var": np.ones(8)}.items()]
+    nodes = [
+        helper.make_node("Conv", ["data", "conv0_weight"], ["resnetv15_conv0_fwd"], kernel_shape=[7, 7], strides=[4, 4], pads=[3, 3, 3, 3]),
+        helper.make_node("BatchNormalization", ["resnetv15_conv0_fwd", "bn_gamma", "bn_beta", "bn_mean", "bn_var"],
+                         ["resnetv15_batchnorm0_fwd"]),
+        helper.make_node("Relu", ["resnetv15_batchnorm0_fwd"], ["resnetv15_relu0_fwd"]),
+        helper.make_node("MaxPool", ["resnetv15_relu0_fwd"], ["resnetv15_pool0_fwd"], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]),
+        helper.make_node("Conv", ["resnetv15_pool0_fwd", "conv1_weight"], ["resnetv15_conv1_fwd"], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["resnetv15_conv1_fwd"], ["resnetv15_relu1_fwd"]),
+        helper.make_node("GlobalAveragePool", ["resnetv15_relu1_fwd"], ["resnetv15_pool1_fwd"]),
+        helper.make_node("Flatten", ["resnetv15_pool1_fwd"], ["resnetv15_flatten0_reshape0"], axis=1),
+        helper.make_node("Gemm", ["resnetv15_flatten0_reshape0", "dense0_weight", "dense0_bias"], ["resnetv15_dense0_fwd"],
+                         transB=1),
+    ]
+    # IR 3, as the model-zoo file: every weight is also listed as a graph input.
+    inputs = [helper.make_tensor_value_info("data", TensorProto.FLOAT, ["N", 3, 224, 224])]
+    inputs += [helper.make_tensor_value_info(t.name, TensorProto.FLOAT, list(t.dims)) for t in inits]
+    graph = helper.make_graph(nodes, "resnet18-like", inputs,
+                              [helper.make_tensor_value_info("resnetv15_dense0_fwd", TensorProto.FLOAT, ["N", 1000])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 7)])
+    model.ir_version = 3
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+@pytest.fixture(scope="module")
+def peers(tmp_path_factory):
+    root = tmp_path_factory.mktemp("peers")
+    repo, dumps = root / "models", root / "profiling"
+    resnet = repo / "resnet" / "1" / "resnet18-v1-7.onnx"  # ge-backend's layout: not model.onnx
+    resnet.parent.mkdir(parents=True)
+    onnx.save(resnet18_like(), str(resnet))
+    (repo / "resnet" / "config.pbtxt").write_text(GE_BACKEND_RESNET_CONFIG, encoding="utf-8")
+    add_model(repo, "ort_peer", 'backend: "ge"\nmax_batch_size: 4\n' + ONE_CPU + ORT_PEER_SECTIONS, build_add_mul())
+    add_model(repo, "ort_peer_engine_param", 'backend: "ge"\nmax_batch_size: 4\n' + ONE_CPU + ORT_PEER_SECTIONS
+              + params(engine="onnxruntime"), build_add_mul())
+    add_model(repo, "warmed_up", 'backend: "ge"\nmax_batch_size: 4\n' + ONE_CPU + WARMUP
+              + params(dump_data="1", profiling_dir=str(dumps)), build_add_mul())
+    add_model(repo, "ge_keys", 'backend: "npu_ge"\nmax_batch_size: 4\n' + ONE_CPU + params(**{
+        "device_ids": "0,1", "device_exec_blocks": "8", "instance_exec_blocks": "2", "dump_data": "1",
+        "profiling_dir": str(dumps), "ge.exec.deviceId": "3", "session.ge.exec.atomicCleanPolicy": "1",
+        "graph.ge.exec.precision_mode": "must_keep_origin_dtype"}), build_add_mul())
+    add_model(repo, "bad_accelerator", 'backend: "ge"\nmax_batch_size: 4\n' + ONE_CPU
+              + 'optimization { execution_accelerators { cpu_execution_accelerator [ { name: "mkldnn" } ] } }\n', build_add_mul())
+    add_model(repo, "badcfg", BROKEN_CONFIG, build_add_mul())
+    server = start_server(repo, root / "serve.log")
+    yield server, repo, dumps
+    assert server.stop() == 0
+
+
+def add_mul_feeds(rows: int, seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {"x": rng.standard_normal((rows, 4)).astype(np.float32), "y": rng.standard_normal((rows, 4)).astype(np.float32)}
+
+
+def load_line(out: str, model: str) -> str:
+    match = re.search(rf"model '{model}' instance \S+ loaded .*", out)
+    assert match, out[-5000:]
+    return match.group(0)
+
+
+def test_the_good_models_serve_and_the_broken_ones_are_named(peers):
+    server, repo, _ = peers
+    out = server.output()
+    assert "gebackend: 5 of 7 models ready" in out, out[-5000:]
+    config = repo / "badcfg" / "config.pbtxt"
+    # Triton itself only logs "failed to read text proto"; the CLI names the model, the file, line and column.
+    assert re.search(rf"gebackend: model 'badcfg' failed to load: cannot parse {re.escape(str(config))}:4:17: "
+                     r".*Couldn't parse integer", out), out[-5000:]
+    assert re.search(r"gebackend: model 'bad_accelerator' failed to load: .*model 'bad_accelerator': unknown Execution "
+                     r"Accelerator 'mkldnn' is requested", out), out[-5000:]
+    assert "Traceback" not in out
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+@pytest.mark.parametrize("rows", [1, 3])
+def test_ge_backend_resnet_example_answers_like_onnxruntime(peers, protocol, rows):
+    server, repo, _ = peers
+    feeds = {"data": np.random.default_rng(rows).standard_normal((rows, 3, 224, 224)).astype(np.float32)}
+    session = ort.InferenceSession(str(repo / "resnet" / "1" / "resnet18-v1-7.onnx"), providers=["CPUExecutionProvider"])
+    want = session.run(["resnetv15_dense0_fwd"], feeds)[0]
+    got = infer(server, protocol, "resnet", feeds).as_numpy("resnetv24_dense0_fwd")  # the config's name, as ge-backend
+    assert got.shape == (rows, 1000)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_ge_backend_resnet_example_load_log(peers):
+    server, _, _ = peers
+    out = server.output()
+    assert "resnet18-v1-7.onnx" in load_line(out, "resnet")
+    assert "max_batch_size=64" in load_line(out, "resnet")
+    assert re.search(r"model 'resnet': device_ids 4,5 \(ge-backend: the NPUs the model spreads over\): this instance "
+                     r"runs on the CPU", out), out[-5000:]
+    assert re.search(r"model 'resnet': config.pbtxt output 'resnetv24_dense0_fwd' is not in the ONNX file: served as "
+                     r"its output #0 'resnetv15_dense0_fwd'", out), out[-5000:]
+    with httpclient.InferenceServerClient(server.http_url) as client:
+        config = client.get_model_config("resnet")
+    assert [o["name"] for o in config["output"]] == ["resnetv24_dense0_fwd"]
+    assert config["parameters"]["device_ids"]["string_value"] == "4,5"
+
+
+def test_onnxruntime_backend_sections(peers):
+    server, _, _ = peers
+    out = server.output()
+    line = load_line(out, "ort_peer")
+    assert re.search(r"OpenVINO \S+ engine on CPU", line), line  # cpu_execution_accelerator openvino
+    assert "model 'ort_peer': cpu_execution_accelerator openvino: selects engine=openvino" in out
+    assert ("model 'ort_peer': gpu_execution_accelerator tensorrt(precision_mode=FP16, max_workspace_size_bytes="
+            "1073741824, trt_engine_cache_enable=True): parsed, not run by these engines yet") in out, out[-5000:]
+    line = load_line(out, "ort_peer_engine_param")
+    assert "onnxruntime" in line and "graph_optimization_level=disable" in line, line  # level 2: disable all
+    assert "the config.pbtxt parameter engine=onnxruntime wins" in out
+    for model in ("ort_peer", "ort_peer_engine_param"):
+        feeds = add_mul_feeds(3)
+        result = infer(server, "grpc", model, feeds)
+        np.testing.assert_allclose(result.as_numpy("sum"), feeds["x"] + feeds["y"], rtol=1e-6)
+        np.testing.assert_allclose(result.as_numpy("product"), feeds["x"] * feeds["y"], rtol=1e-6)
+
+
+def _dump_index(dumps: Path, model: str) -> dict:
+    indexes = sorted((dumps / model / "dump").glob("*/index.json"))
+    assert len(indexes) == 1, indexes
+    return json.loads(indexes[0].read_text())
+
+
+def _tensor(dumps: Path, model: str, index: dict, name: str) -> np.ndarray:
+    entry = next(e for e in index["inputs"] + index["outputs"] if e["name"] == name)
+    folder = next((dumps / model / "dump").glob("*/index.json")).parent
+    return np.load(folder / entry["file"])
+
+
+def test_model_warmup_runs_through_the_backend_then_it_answers(peers):
+    server, _, dumps = peers
+    # dump_data caught the first request after load: Triton's warmup request (batch 2, x zeros, y random).
+    index = _dump_index(dumps, "warmed_up")
+    x, y = _tensor(dumps, "warmed_up", index, "x"), _tensor(dumps, "warmed_up", index, "y")
+    assert x.shape == (1, 4) and not x.any()  # Triton sends batch_size requests of one row each
+    np.testing.assert_array_equal(_tensor(dumps, "warmed_up", index, "sum"), x + y)
+    np.testing.assert_array_equal(_tensor(dumps, "warmed_up", index, "product"), x * y)
+    feeds = add_mul_feeds(2, seed=7)
+    result = infer(server, "http", "warmed_up", feeds)
+    np.testing.assert_allclose(result.as_numpy("sum"), feeds["x"] + feeds["y"], rtol=1e-6)
+    np.testing.assert_allclose(result.as_numpy("product"), feeds["x"] * feeds["y"], rtol=1e-6)
+
+
+def test_ge_backend_keys_are_reported_once_and_dump_data_writes_every_node(peers):
+    server, _, dumps = peers
+    out = server.output()
+    no_effect = re.findall(r"model 'ge_keys': ge-backend option\(s\) accepted, no effect on this engine: (.*)", out)
+    assert len(no_effect) == 1, no_effect  # one instance: one load, one line
+    assert "ge.exec.deviceId (set the device with instance_group { kind, gpus })" in no_effect[0]
+    assert "session.ge.exec.atomicCleanPolicy" in no_effect[0]
+    assert "graph.ge.exec.precision_mode" not in no_effect[0]  # mapped: precision_mode=origin
+    assert "unknown option(s) ignored" not in "".join(re.findall(r"model 'ge_keys': .*", out))
+    assert re.search(r"model 'ge_keys': device_exec_blocks=8, instance_exec_blocks=2: ge-backend would run 8 "
+                     r"execution block\(s\) on each of 2 device\(s\); here each Triton instance runs one engine", out)
+    feeds = add_mul_feeds(3, seed=11)
+    result = infer(server, "grpc", "ge_keys", feeds)
+    index = _dump_index(dumps, "ge_keys")
+    assert [n["op_type"] for n in index["nodes"]] == [n.op_type for n in build_add_mul().graph.node]
+    np.testing.assert_array_equal(_tensor(dumps, "ge_keys", index, "x"), feeds["x"])
+    np.testing.assert_array_equal(_tensor(dumps, "ge_keys", index, "sum"), result.as_numpy("sum"))
+    assert "model 'ge_keys': dump_data: wrote every node's inputs and outputs of the first request" in server.output()
+
+
+def test_a_config_broken_before_sighup_is_reported_with_its_line(peers):
+    server, repo, _ = peers
+    add_model(repo, "late_badcfg", 'backend: "ge"\nmax_batch_size: 4\ndynamic_batching { max_queue_delay: 5 }\n', build_add_mul())
+    server.process.send_signal(signal.SIGHUP)
+    config = repo / "late_badcfg" / "config.pbtxt"
+    pattern = rf"reload: model 'late_badcfg' failed: cannot parse {re.escape(str(config))}:3:20: .*max_queue_delay"
+    deadline = time.monotonic() + 120
+    while not re.search(pattern, server.output()) and time.monotonic() < deadline:
+        time.sleep(0.25)
+    assert re.search(pattern, server.output()), server.output()[-3000:]
+    feeds = add_mul_feeds(1)
+    np.testing.assert_allclose(infer(server, "http", "ort_peer_engine_param", feeds).as_numpy("sum"), feeds["x"] + feeds["y"])
