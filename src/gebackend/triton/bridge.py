@@ -26,7 +26,7 @@ from gebackend.runtime.core_ledger import CoreLedger
 from gebackend.runtime.executor import Executor
 from gebackend.runtime.loader import load_executor, server_temp_parent
 from gebackend.profiling.control import ProfilingControl
-from gebackend.profiling.dump_data import first_request_dump
+from gebackend.profiling.dump_data import FirstRequestDump, first_request_dump
 from gebackend.server.heartbeat import Heartbeat
 from gebackend.server.registry import CONTROL_ENV_VAR
 from gebackend.triton.metrics import BackendMetrics
@@ -109,11 +109,9 @@ def _named(model: str, message: str) -> str:
 class ServedModel:
     """One loaded instance of a model: its spec and executor, speaking pb_utils at the edges."""
 
-    dump = None  # dump_data=1: profiling/dump_data.py writes the first request's every node input and output
-
     def __init__(self, spec: ModelSpec, executor: Executor, pb_utils: Any, profiling: ProfilingControl | None = None,
                  metrics: BackendMetrics | None = None, heartbeat: Heartbeat | None = None,
-                 ledger: CoreLedger | None = None):
+                 ledger: CoreLedger | None = None, dump: FirstRequestDump | None = None):
         self.spec = spec
         self.executor = executor
         self.pb = pb_utils
@@ -121,6 +119,7 @@ class ServedModel:
         self.metrics = metrics
         self.heartbeat = heartbeat
         self.ledger = ledger
+        self.dump = dump  # dump_data=1: writes the first request's every node input and output, then None
         self._scalar_inputs = {t.name: t.wire_dims for t in spec.inputs if t.wire_dims is not None}
         self._scalar_outputs = {t.name: t.wire_dims for t in spec.outputs if t.wire_dims is not None}
 
@@ -155,9 +154,8 @@ class ServedModel:
             profiling = ProfilingControl(name, args["model_instance_name"], engines, spec.options.profiling,
                                          spec.options.profiling_dir, say)
         metrics = BackendMetrics(pb_utils, name, executor.runner, seconds).start() if hasattr(pb_utils, "MetricFamily") else None
-        served = cls(spec, executor, pb_utils, profiling, metrics, _heartbeat(spec), ledger)
-        served.dump = first_request_dump(spec, args["model_instance_name"], say)
-        return served
+        dump = first_request_dump(spec, args["model_instance_name"], say)
+        return cls(spec, executor, pb_utils, profiling, metrics, _heartbeat(spec), ledger, dump)
 
     def execute(self, requests: list) -> list:
         if self.heartbeat is None:
