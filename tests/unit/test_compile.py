@@ -1,4 +1,4 @@
-"""Unit tests for gebackend.compile: specialise, fold and the graph doctor, checked on values."""
+"""Unit tests for gebackend.compile: specialise, upgrade, fold, runtime shapes and the graph doctor, checked on values."""
 
 from __future__ import annotations
 
@@ -8,11 +8,12 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from onnx import helper, numpy_helper
+from onnx import TensorProto, helper, numpy_helper
 
-from gebackend.compile import doctor
+from gebackend.compile import doctor, passes, upgrade
 from gebackend.compile.doctor import analyze, fix
 from gebackend.compile.fold import fold_constants
+from gebackend.compile.runtime_shapes import reads_shape_values, runtime_shaped, runtime_shaped_outputs
 from gebackend.compile.specialize import specialize
 from gebackend.errors import ConfigError
 from gebackend.modelzoo import (
@@ -323,3 +324,109 @@ def test_fix_folds_the_mod_model():
     assert [n.op_type for n in fixed.graph.node] == ["Gather"]
     x = np.arange(8, dtype=np.float32).reshape(2, 4)
     np.testing.assert_allclose(_run(fixed, {"x": x})[0], _run(model, {"x": x})[0])
+
+
+# -------------------------------------------------------------------------------- runtime shapes, old files
+
+def _graph(nodes, inputs, outputs, initializers=(), opset=17, ir=9) -> onnx.ModelProto:
+    model = helper.make_model(helper.make_graph(nodes, "t", inputs, outputs, list(initializers)),
+                              opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = ir
+    return model
+
+
+def test_runtime_shapes_follow_data_dependent_ops_and_their_consumers():
+    special = specialize(build_nonzero(), {"x": [2, 4]})
+    assert runtime_shaped(special) == {"nz": "NonZero 'nz': data-dependent output shape",
+                                       "indices": "NonZero 'nz': data-dependent output shape"}  # the Transpose of it too
+    assert list(runtime_shaped_outputs(special)) == ["indices"]
+    assert reads_shape_values(special) == {}  # zeros are a fine warm-up for NonZero
+
+
+def test_runtime_shapes_shape_of_a_static_tensor_is_a_compile_time_value():
+    f, i64 = TensorProto.FLOAT, TensorProto.INT64
+    model = _graph(
+        [helper.make_node("Shape", ["y"], ["s"]), helper.make_node("Reshape", ["x", "s"], ["r"], name="r1"),
+         helper.make_node("Reshape", ["x", "t"], ["q"], name="r2"), helper.make_node("Relu", ["q"], ["out2"]),
+         helper.make_node("TopK", ["x", "k"], ["v", "i"], name="topk", axis=1)],
+        [helper.make_tensor_value_info("x", f, [3, 4]), helper.make_tensor_value_info("y", f, [4, 3]),
+         helper.make_tensor_value_info("t", i64, [2]), helper.make_tensor_value_info("k", i64, [1])],
+        [helper.make_tensor_value_info(n, f, None) for n in ("r", "out2", "v")])
+    special = specialize(model, {"x": [3, 4], "y": [4, 3], "t": [2], "k": [1]})
+    assert _dims(special.graph.output[0]) == [4, 3]
+    outputs = runtime_shaped_outputs(special)
+    assert list(outputs) == ["out2", "v"]
+    assert outputs["out2"] == "Reshape 'r2': output shape depends on the runtime values of input 't'"
+    assert outputs["v"] == "TopK 'topk': output shape depends on the runtime values of input 'k'"
+    assert reads_shape_values(special) == {"t": "Reshape 'r2'", "k": "TopK 'topk'"}
+
+
+def test_specialize_drops_a_wrong_declared_output_shape_and_infers_the_real_one():
+    f = TensorProto.FLOAT
+    model = _graph([helper.make_node("Relu", ["x"], ["y"])], [helper.make_tensor_value_info("x", f, ["n", 3])],
+                   [helper.make_tensor_value_info("y", f, [3, 2])])  # the exporter's claim: wrong
+    assert _dims(specialize(model, {"x": [2, 3]}).graph.output[0]) == [2, 3]
+
+
+def test_an_ir3_file_gets_ir4_semantics_and_its_initializer_inputs_go():
+    model = _legacy_model(7)
+    assert [v.name for v in model.graph.input] == ["x", "w"]
+    raised = upgrade.raise_ir_version(model)
+    assert raised.ir_version == 4 and [v.name for v in raised.graph.input] == ["x"]
+    onnx.checker.check_model(raised)
+    assert model.ir_version == 3  # the input model is untouched
+    current = build_mod_constant()
+    assert upgrade.raise_ir_version(current) is current  # IR >= 4: untouched, not copied
+
+
+def _legacy_model(opset: int) -> onnx.ModelProto:
+    """y = Relu(Sum(x, w)): a tiny IR-3 file whose initializer w is listed as a graph input too."""
+    f, i64 = TensorProto.FLOAT, TensorProto.INT64
+    w = numpy_helper.from_array(np.arange(6, dtype=np.float32).reshape(2, 3) - 2, "w")
+    nodes = [helper.make_node("Sum", ["x", "w"], ["a"]), helper.make_node("Relu", ["a"], ["y"])]
+    return _graph(nodes, [helper.make_tensor_value_info("x", f, ["n", 3]), helper.make_tensor_value_info("w", f, [2, 3])],
+                  [helper.make_tensor_value_info("y", f, ["n", 3])], [w], opset=opset, ir=3)
+
+
+@pytest.mark.parametrize("opset", [6, 7])
+def test_old_opsets_go_through_every_pass_and_compute_the_same(opset):
+    model = _legacy_model(opset)
+    said = []
+    compiled = passes.compile_graph(model, {"x": [2, 3]}, 1 << 20, lambda name, why: said.append((name, why)))
+    assert said == []
+    assert upgrade.default_opset(compiled) == 7 and compiled.ir_version >= 4
+    x = np.array([[1, -1, 0], [2, 0.5, -3]], np.float32)
+    np.testing.assert_allclose(_run(compiled, {"x": x})[0], np.maximum(x + np.arange(6).reshape(2, 3) - 2, 0))
+
+
+def test_a_model_without_an_ai_onnx_opset_is_not_folded_and_says_why():
+    ml = helper.make_model(
+        helper.make_graph([helper.make_node("Normalizer", ["x"], ["y"], domain="ai.onnx.ml", norm="MAX")], "ml",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])]),
+        opset_imports=[helper.make_opsetid("ai.onnx.ml", 1)])
+    said = []
+    compiled = passes.compile_graph(ml, {"x": [2, 3]}, 1 << 20, lambda name, why: said.append((name, why)))
+    assert said == [("fold", "the model imports no ai.onnx opset (only ai.onnx.ml), which onnxslim's shape inference "
+                             "needs; the graph is not folded")]
+    x = np.array([[1, 2, 4], [-8, 2, 1]], np.float32)
+    np.testing.assert_allclose(_run(compiled, {"x": x})[0], x / x.max(axis=1, keepdims=True))
+
+
+def test_doctor_lists_outputs_with_a_runtime_shape_and_skipped_passes(monkeypatch):
+    report = analyze(build_nonzero(), {"x": [2, 4]})
+    assert report.runtime_outputs == {"indices": "NonZero 'nz': data-dependent output shape"}
+    assert ("outputs with a runtime shape (allocated on every run, not bound once): indices (NonZero 'nz': "
+            "data-dependent output shape)") in report.format_text()
+    assert json.loads(json.dumps(report.to_dict()))["runtime_outputs"] == report.runtime_outputs
+    monkeypatch.setattr(passes, "fold_constants", lambda model, limit: 1 / 0)
+    broken = analyze(build_mod_constant(), {"x": [2, 4]})
+    assert broken.notes == ["pass 'fold' skipped: onnxslim failed: ZeroDivisionError: division by zero; the graph is not folded"]
+    assert broken.node_count == 3
+
+
+def test_fix_upgrades_an_opset6_file_then_folds():
+    fixed, removed = fix(_legacy_model(6))
+    assert upgrade.default_opset(fixed) == 7 and removed == 0
+    x = np.ones((2, 3), np.float32)
+    np.testing.assert_allclose(_run(fixed, {"x": x})[0], np.maximum(x + np.arange(6).reshape(2, 3) - 2, 0))

@@ -1,5 +1,8 @@
-"""Graph passes that turn an ONNX model into a static graph: specialise, fold, doctor; one pass per file.
+"""Graph passes that turn an ONNX model into a static graph, and the doctor that reports on them; one pass per file.
 
-`specialize` fixes the graph inputs' dims, `fold` folds constants and removes dead nodes, and `doctor`
-reports what stops a model from being static and what folding would remove.
+`passes` runs them in order for one shape set, skipping (with a warning) a pass that fails on a model:
+`specialize` fixes the graph inputs' dims and infers the rest, `upgrade` brings old files (IR < 4, opset < 7)
+to what the folder needs, `fold` folds constants and removes dead nodes. `runtime_shapes` says which
+tensors' shapes only a run can tell, `constants` finds constant subgraphs, and `doctor` reports what stops
+a model from being static and what folding would remove; `pipeline` compiles every bucket of a model.
 """

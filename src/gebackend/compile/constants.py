@@ -16,12 +16,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
-# Never folded: a different value every run.
-NONDETERMINISTIC = {
-    "RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli",
-}
-CONTROL_FLOW = {"If", "Loop", "Scan", "SequenceMap"}
-DEFAULT_DOMAINS = ("", "ai.onnx")
+from gebackend.compile.runtime_shapes import CONTROL_FLOW, DEFAULT_DOMAINS, NONDETERMINISTIC
 
 PREVIEW_MAX_ELEMENTS = 16
 

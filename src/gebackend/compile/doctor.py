@@ -1,9 +1,11 @@
 """The graph doctor: what keeps a model from being a static graph, and what constant folding would remove.
 
-`analyze` finds the constant subgraphs of the original model (grouped by the node whose value leaves
-them, with a preview of that value), then specialises (when shapes are given) and folds, and walks the
+`analyze` finds the constant subgraphs of the original model (`constants.py`: grouped by the node whose
+value leaves them, with a preview of that value), then runs the load's passes (`passes.py`: specialise
+when shapes are given, upgrade an old file, fold; a pass that fails is skipped and noted), and walks the
 result in graph order to count the nodes whose output shapes are fully known and to name the first node
-where that breaks, and why. `fix` folds what can be folded.
+where that breaks, and why. With shapes it also lists the outputs whose shape is known only at run time
+(`runtime_shapes.py`), which a static engine allocates on every run. `fix` folds what can be folded.
 """
 
 from __future__ import annotations
@@ -16,8 +18,7 @@ import onnx
 from onnx import helper
 
 from gebackend.compile.constants import (
-    CONTROL_FLOW,
-    DEFAULT_DOMAINS,
+    PREVIEW_MAX_ELEMENTS,
     FoldableGroup,
     constant_nodes,
     find_foldable,
@@ -27,22 +28,18 @@ from gebackend.compile.constants import (
     label,
     types_of,
 )
-from gebackend.compile.fold import fold_constants
-from gebackend.compile.specialize import specialize
+from gebackend.compile.runtime_shapes import (
+    CONTROL_FLOW,
+    DATA_DEPENDENT,
+    DEFAULT_DOMAINS,
+    VALUE_DEPENDENT,
+    runtime_shaped_outputs,
+)
+
+__all__ = ["PREVIEW_MAX_ELEMENTS", "DoctorReport", "FoldableGroup", "StaticBreak", "analyze", "find_foldable", "fix",
+           "host_ops", "static_node_names"]
 
 _TEXT_MAX_GROUPS = 20
-
-# Output shape known only once the data is seen.
-_DATA_DEPENDENT = {"NonZero", "Unique", "NonMaxSuppression", "Compress", "StringSplit"}
-# op -> the inputs whose values (not just shapes) decide the output shape.
-_VALUE_DEPENDENT: dict[str, tuple[int, ...]] = {
-    "Reshape": (1,), "Expand": (1,), "Tile": (1,), "ConstantOfShape": (0,), "Range": (0, 1, 2),
-    "Slice": (1, 2, 3, 4), "Pad": (1, 3), "Resize": (1, 2, 3), "Upsample": (1,), "OneHot": (1,),
-    "TopK": (1,), "Squeeze": (1,), "Unsqueeze": (1,), "Split": (1,), "CenterCropPad": (1,),
-    "ReduceSum": (1,), "ReduceMean": (1,), "ReduceMax": (1,), "ReduceMin": (1,), "ReduceProd": (1,),
-    "ReduceL1": (1,), "ReduceL2": (1,), "ReduceLogSum": (1,), "ReduceLogSumExp": (1,),
-    "ReduceSumSquare": (1,), "MaxUnpool": (2,), "Col2Im": (1, 2), "DFT": (1,), "STFT": (1, 2),
-}
 _HOST_PROVIDERS = ("CPUExecutionProvider", "AzureExecutionProvider")
 
 
@@ -71,6 +68,8 @@ class DoctorReport:
     original_node_count: int = 0
     size_limit: int | None = None
     notes: list[str] = field(default_factory=list)
+    # graph outputs whose shape is known only at run time -> why; a static engine allocates them on every run
+    runtime_outputs: dict[str, str] = field(default_factory=dict)
 
     @property
     def is_static(self) -> bool:
@@ -111,6 +110,9 @@ class DoctorReport:
             lines.append(f"  {group.sink_op} '{group.sink}' = {group.preview()} ({', '.join(group.op_types)}){kept}")
         if len(self.foldable) > _TEXT_MAX_GROUPS:
             lines.append(f"  ... and {len(self.foldable) - _TEXT_MAX_GROUPS} more")
+        if self.runtime_outputs:
+            lines.append("outputs with a runtime shape (allocated on every run, not bound once): " + "; ".join(
+                f"{name} ({why})" for name, why in self.runtime_outputs.items()))
         if self.host_ops is None:
             lines.append(f"host ops: not checked ({self.host_ops_note or 'unknown reason'})")
         else:
@@ -118,12 +120,6 @@ class DoctorReport:
                 f"\n  {h['op_type']} '{h['name']}'" for h in self.host_ops))
         lines.extend(f"note: {n}" for n in self.notes)
         return "\n".join(lines)
-
-
-# ---------------------------------------------------------------------------------------------- helpers
-
-
-# ------------------------------------------------------------------------------------ constant subgraphs
 
 
 # ------------------------------------------------------------------------------------------ static walk
@@ -151,7 +147,7 @@ def _break_reason(
     op = node.op_type
     if node.domain in DEFAULT_DOMAINS and op in CONTROL_FLOW:
         return f"control-flow op ({op}): output shapes depend on the branch taken or the iterations run"
-    if node.domain in DEFAULT_DOMAINS and op in _DATA_DEPENDENT:
+    if node.domain in DEFAULT_DOMAINS and op in DATA_DEPENDENT:
         return "data-dependent output shape"
     for name in (i for i in node.input if i and i not in constants):
         if known_shape(types.get(name)) is not None:
@@ -163,7 +159,7 @@ def _break_reason(
         return f"input '{name}' has unresolved dim {axis}" + (f" ('{param}')" if param else "") + f" ({where})"
     if node.domain not in DEFAULT_DOMAINS:
         return f"custom op {node.domain}::{op}: no shape inference for it"
-    for position in _VALUE_DEPENDENT.get(op, ()):
+    for position in VALUE_DEPENDENT.get(op, ()):
         if position < len(node.input) and node.input[position] and node.input[position] not in constants:
             kind = "data-dependent output shape: " if op == "TopK" else ""
             return f"{kind}output shape depends on runtime values of input {node.input[position]}"
@@ -238,27 +234,27 @@ def analyze(
     size_limit: int | None = 1 << 20,
     providers: Sequence[str] | None = None,
     folded: onnx.ModelProto | None = None,
+    notes: Sequence[str] = (),
 ) -> DoctorReport:
     """Diagnose `model` for the static graph mode; see the module docstring. `model` is not changed.
 
     `shapes` fixes graph-input dims first (a `ConfigError` if they do not fit); `size_limit` is the folding
     limit in bytes (None: fold everything); `providers` restricts the accelerators tried for host ops;
-    `folded`: the model already specialised to `shapes` and folded (the compile pipeline has it), so that
-    work is not done twice.
+    `folded`: the model already through the passes for `shapes` (the compile pipeline has it), so that
+    work is not done twice; `notes`: lines the report carries (the pipeline's skipped passes). A pass that
+    fails here is skipped the same way as at load, and said in a note.
     """
+    from gebackend.compile.passes import compile_graph
+
     if size_limit is not None and size_limit < 1:
         raise ValueError(f"size_limit must be at least 1 byte, or None for no limit; got {size_limit}")
-    notes: list[str] = []
+    notes = list(notes)
     groups = find_foldable(model)
     if folded is not None:
         analysed = folded
     else:
-        work = specialize(model, shapes) if shapes else model
-        try:
-            analysed = fold_constants(work, size_limit)
-        except Exception as exc:  # noqa: BLE001 - report on the unfolded model rather than not at all
-            notes.append(f"constant folding failed, analysing the unfolded model: {type(exc).__name__}: {exc}")
-            analysed = onnx.shape_inference.infer_shapes(work, strict_mode=False, data_prop=True)
+        analysed = compile_graph(model, shapes, size_limit,
+                                 lambda name, why: notes.append(f"pass '{name}' skipped: {why}"))
     produced = {o for n in analysed.graph.node for o in n.output}
     for group in groups:
         group.folded = group.output not in produced
@@ -277,10 +273,20 @@ def analyze(
         original_node_count=len(model.graph.node),
         size_limit=size_limit,
         notes=notes,
+        runtime_outputs=runtime_shaped_outputs(analysed) if shapes is not None else {},
     )
 
 
 def fix(model: onnx.ModelProto, size_limit: int | None = 1 << 20) -> tuple[onnx.ModelProto, int]:
-    """`model` with its constant subgraphs folded (up to `size_limit` bytes each), and how many nodes that removed."""
-    folded = fold_constants(model, size_limit)
+    """`model` with its constant subgraphs folded (up to `size_limit` bytes each), and how many nodes that removed.
+
+    An old file is upgraded first, as at load (see `passes.py`); a fold that fails raises `ModelLoadError` saying why.
+    """
+    from gebackend.compile.passes import compile_graph
+    from gebackend.errors import ModelLoadError
+
+    failed: list[str] = []
+    folded = compile_graph(model, None, size_limit, lambda name, why: failed.append(f"{name}: {why}"))
+    if any(f.startswith("fold:") for f in failed):
+        raise ModelLoadError("cannot fold the model: " + "; ".join(failed))
     return folded, len(model.graph.node) - len(folded.graph.node)

@@ -1,4 +1,9 @@
-"""Compiles a model for static graph mode: one specialised, folded graph per compiled shape, and the doctor's report."""
+"""Compiles a model for static graph mode: one graph per compiled shape through the passes, and the doctor's report.
+
+Each shape set goes through `passes.compile_graph` (specialise, upgrade, fold). A pass that fails on the
+model is skipped and said once in the load log, as a WARNING naming the pass and the reason; the model
+still loads. The graph doctor's report is best-effort too: if it fails, the log says so and the load goes on.
+"""
 
 from __future__ import annotations
 
@@ -9,10 +14,9 @@ from typing import Callable, Mapping, Sequence
 import onnx
 
 from gebackend.compile.doctor import DoctorReport, analyze
-from gebackend.compile.fold import fold_constants
-from gebackend.compile.specialize import specialize
+from gebackend.compile.passes import compile_graph, reason
 from gebackend.engines.onnxruntime_static import CompiledGraph
-from gebackend.errors import ModelLoadError
+from gebackend.errors import ConfigError, ModelLoadError
 
 Shapes = Mapping[str, Sequence[int]]
 
@@ -26,19 +30,36 @@ def compile_static(
     shape_sets: Sequence[Shapes],
     size_limit: int | None,
     log: Callable[[str], None] = lambda message: None,
-) -> tuple[list[CompiledGraph], DoctorReport]:
-    """Specialise and fold the model once per shape set, logging progress; return the graphs and the report."""
+) -> tuple[list[CompiledGraph], DoctorReport | None]:
+    """Run the passes once per shape set, logging progress; return the graphs and the report (None if it failed).
+
+    Raises `ModelLoadError` when the file cannot be read and `ConfigError` when a shape does not fit the model.
+    """
     try:
         base = onnx.load(str(path))
     except Exception as exc:
         raise ModelLoadError(f"cannot read {path}: {exc}") from None
+    skipped: dict[str, str] = {}  # pass -> the first reason, said once per model
+
+    def warn(name: str, why: str) -> None:
+        if name not in skipped:
+            skipped[name] = why
+            log(f"WARNING: static graph pass '{name}' skipped: {why}")
+
     graphs = []
     weights = frozenset(init.name for init in base.graph.initializer)
     for number, shapes in enumerate(shape_sets, start=1):
         started = time.perf_counter()
-        model = fold_constants(specialize(base, shapes), size_limit)
+        model = compile_graph(base, shapes, size_limit, warn)
         graphs.append(CompiledGraph(dict(shapes), model, source_weights=weights))
         log(f"compiled static graph {number}/{len(shape_sets)} [{_fmt(shapes)}]: "
             f"{len(model.graph.node)} nodes in {time.perf_counter() - started:.2f}s")
-    report = analyze(base, shape_sets[0], size_limit=size_limit, folded=graphs[0].model)
+    notes = [f"pass '{name}' skipped: {why}" for name, why in skipped.items()]
+    try:
+        report = analyze(base, shape_sets[0], size_limit=size_limit, folded=graphs[0].model, notes=notes)
+    except ConfigError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - a diagnosis, never a load failure
+        log(f"WARNING: graph doctor failed, no report: {reason(exc)}")
+        report = None
     return graphs, report

@@ -1,12 +1,21 @@
-"""Specialisation pass: a copy of a model whose graph inputs have fixed dims, with shapes inferred throughout."""
+"""Specialisation pass: a copy of a model whose graph inputs have fixed dims, with shapes inferred throughout.
+
+Shape inference runs afresh on the fixed dims: value_info and the dims the file declares on its graph
+outputs (not their rank) are dropped first. A declared output shape is the exporter's claim: onnx keeps
+a wrong one over what it infers, and a static engine would allocate that output at the wrong size.
+When ONNX shape inference gives up on a model, it is tried again without data propagation, and then
+left out: the graph keeps its fixed input dims, the engine infers the rest, and the caller is told why.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import onnx
 
 from gebackend.errors import ConfigError
+
+Warn = Callable[[str, str], None]  # (pass, reason)
 
 
 def _show(shape: onnx.TensorShapeProto) -> str:
@@ -15,12 +24,12 @@ def _show(shape: onnx.TensorShapeProto) -> str:
     ) + "]"
 
 
-def specialize(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]]) -> onnx.ModelProto:
+def specialize(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]], warn: Warn | None = None) -> onnx.ModelProto:
     """A copy of `model` whose graph inputs named in `shapes` get those dims, with value_info filled in.
 
     Inputs not named keep their shapes. Raises `ConfigError` for a name that is not a graph input, a rank
     that differs from the model's, a dim that is not a positive int, or a dim the model already fixes to
-    another value.
+    another value. A shape inference that fails is reported to `warn` as ("shape inference", why).
     """
     result = onnx.ModelProto()
     result.CopyFrom(model)
@@ -57,4 +66,29 @@ def specialize(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]]) -> o
             tensor_type.shape.dim.add().dim_value = want
     # Shapes inferred for the symbolic model would contradict the fixed dims: infer afresh.
     del result.graph.value_info[:]
-    return onnx.shape_inference.infer_shapes(result, strict_mode=False, data_prop=True)
+    for value in result.graph.output:  # keep the rank, forget the dims
+        if value.type.WhichOneof("value") == "tensor_type" and value.type.tensor_type.HasField("shape"):
+            for dim in value.type.tensor_type.shape.dim:
+                dim.ClearField("dim_value")
+                dim.ClearField("dim_param")
+    return infer(result, warn)
+
+
+def infer(model: onnx.ModelProto, warn: Warn | None = None) -> onnx.ModelProto:
+    """`model` with ONNX shape inference applied: with data propagation, else without, else not at all."""
+    failures = []
+    for data_prop in (True, False):
+        try:
+            return onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=data_prop)
+        except Exception as exc:  # noqa: BLE001 - onnx raises InferenceError, ValidationError, RuntimeError, ...
+            failures.append(describe_error(exc))
+    if warn is not None:
+        warn("shape inference", f"ONNX shape inference failed ({failures[-1]}); the engine infers the shapes at build time")
+    return model
+
+
+def describe_error(exc: BaseException) -> str:
+    """One line for a dependency's exception: its type and first message line (no traceback), at most 300 characters."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    text = f"{type(exc).__name__}: {lines[0] if lines else 'no message'}"
+    return text if len(text) <= 300 else text[:297] + "..."

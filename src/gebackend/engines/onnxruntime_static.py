@@ -8,6 +8,16 @@ build, so neither the serialized model nor its weights stay alive per bucket. In
 shape and bound once (IOBinding): a run copies the feeds in, runs, and copies the outputs out. With
 the CUDA execution provider each session is captured as a CUDA graph on its fixed buffers; with the CANN
 provider its graph mode is switched on.
+
+An output whose shape is known only at run time (`compile/runtime_shapes.py`: NonZero, TopK with a tensor
+k, a Reshape to request-given values, ...) is not bound to a buffer: it is re-bound before every run, so
+ONNX Runtime allocates it at the size this run computes (IOBinding otherwise keeps the first run's value
+and fails every later run whose size differs). Such graphs are not captured as CUDA graphs. Should a bound
+output still come out at another size than compiled (a shape inference gone wrong), the run is redone
+without IOBinding, the request gets that answer, and the output is allocated per run from then on.
+Warm-up runs on zeros are best-effort (zeros may be no valid input), and skipped for a graph where an
+input's values decide a shape (Resize scales, Col2Im block shape: zeros there can even crash an engine).
+A graph with a string input or output (IOBinding takes none) runs through `session.run` on its session.
 """
 
 from __future__ import annotations
@@ -16,6 +26,7 @@ import dataclasses
 import shutil
 import tempfile
 import threading
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping, Sequence
@@ -84,9 +95,11 @@ class _Prepared:
     path: Path  # the graph written once; sessions (and profiled twins) are built from it
     dim_overrides: Mapping[str, int]
     shared: dict[str, str]  # initializer name -> key of its held OrtValue
-    output_shapes: dict[str, tuple[int, ...] | None]
+    output_shapes: dict[str, tuple[int, ...] | None]  # None: known only at run time
     node_order: list[str]
     static_nodes: list[str]
+    fully_static: bool  # every node's output shape known at compile time: safe to capture as a device graph
+    warm_up: bool  # zeros are a safe input: no input's values decide a shape
 
     @property
     def label(self) -> str:
@@ -100,13 +113,21 @@ def _static_shape(value: onnx.ValueInfoProto) -> tuple[int, ...] | None:
 
 
 class _Bound:
-    """One session with its inputs and outputs bound to buffers allocated once."""
+    """One session with its inputs and outputs bound to buffers allocated once (runtime-shaped outputs: per run)."""
 
     def __init__(self, session: ort.InferenceSession, graph: _Prepared, device: str):
         self.session = session
         self.device = device
-        self.binding = session.io_binding()
+        self.output_order = [m.name for m in session.get_outputs()]
         self.inputs: dict[str, object] = {}
+        self.outputs: dict[str, object | None] = {}
+        # strings (and other types IOBinding cannot take) run through session.run, on this same session
+        self.plain = not all(m.type in _ORT_TYPES for m in [*session.get_inputs(), *session.get_outputs()])
+        if self.plain:
+            self.inputs = {m.name: np.zeros(graph.shapes[m.name], _ORT_TYPES[m.type]) if m.type in _ORT_TYPES
+                           else np.full(graph.shapes[m.name], "", dtype=object) for m in session.get_inputs()}
+            return  # (these arrays only give the warm-up its shapes and types)
+        self.binding = session.io_binding()
         for meta in session.get_inputs():
             shape = graph.shapes[meta.name]
             dtype = _numpy_type(meta.type)
@@ -117,35 +138,38 @@ class _Bound:
                 value = np.zeros(shape, dtype=dtype)
                 self.binding.bind_cpu_input(meta.name, value)
             self.inputs[meta.name] = value
-        self.outputs: dict[str, object | None] = {}
         for meta in session.get_outputs():
             shape = graph.output_shapes.get(meta.name)
-            dtype = _numpy_type(meta.type)
             if shape is None:
                 self.binding.bind_output(meta.name, device)  # shape known only at run time
                 self.outputs[meta.name] = None
-            elif device == "cuda":
+                continue
+            dtype = _numpy_type(meta.type)
+            if device == "cuda":
                 value = ort.OrtValue.ortvalue_from_shape_and_type(shape, dtype, "cuda", 0)
                 self.binding.bind_ortvalue_output(meta.name, value)
-                self.outputs[meta.name] = value
             else:
                 value = np.empty(shape, dtype=dtype)
                 self.binding.bind_output(meta.name, "cpu", 0, dtype, shape, value.ctypes.data)
-                self.outputs[meta.name] = value
-        self._dynamic_outputs = [n for n, v in self.outputs.items() if v is None]
+            self.outputs[meta.name] = value
 
-    def run(self, feeds: Mapping[str, np.ndarray], output_names: Sequence[str]) -> list[np.ndarray]:
+    def run(self, feeds: Mapping[str, np.ndarray], output_names: Sequence[str], options: ort.RunOptions | None = None) -> list[np.ndarray]:
+        if self.plain:
+            return self.session.run(list(output_names), {name: feeds[name] for name in self.inputs}, options)
         for name, value in self.inputs.items():
             if self.device == "cuda":
                 value.update_inplace(np.ascontiguousarray(feeds[name]))
             else:
                 np.copyto(value, feeds[name])
-        self.session.run_with_iobinding(self.binding)
+        runtime = [n for n, v in self.outputs.items() if v is None]
+        for name in runtime:  # unallocated again: the binding still holds the last run's value
+            self.binding.bind_output(name, self.device)
+        self.session.run_with_iobinding(self.binding, options)
         fetched = {}
-        if self._dynamic_outputs:
-            names = [m.name for m in self.session.get_outputs()]
-            for name, array in zip(names, self.binding.copy_outputs_to_cpu()):
-                fetched[name] = array
+        if runtime:
+            values = self.binding.get_outputs()
+            for name in runtime:
+                fetched[name] = values[self.output_order.index(name)].numpy()
         result = []
         for name in output_names:
             value = self.outputs[name]
@@ -156,6 +180,16 @@ class _Bound:
             else:
                 result.append(value.copy())  # the buffer is reused by the next run
         return result
+
+    def unbind_mismatched(self, output_names: Sequence[str], arrays: Sequence[np.ndarray]) -> None:
+        """Allocate per run, from now on, every bound output these (correct) arrays show to have another shape."""
+        if self.device != "cpu" or self.plain:
+            return  # a device graph may have been captured on these buffers: keep them
+        for name, array in zip(output_names, arrays):
+            value = self.outputs.get(name)
+            if isinstance(value, np.ndarray) and value.shape != np.shape(array):
+                self.outputs[name] = None
+                self.binding.bind_output(name, self.device)
 
 
 _ORT_TYPES = {
@@ -196,26 +230,42 @@ class OrtStaticEngine(Engine):
         self._private_bytes = 0
         self._by_shape: dict[tuple, _Bound] = {}
         self._workdir = Path(tempfile.mkdtemp(prefix="gebackend-static-", dir=temp_parent))
+        weakref.finalize(self, shutil.rmtree, str(self._workdir), True)  # also when the engine is dropped, not closed
+        try:
+            self._start(graphs, warmup_runs)
+        except BaseException:
+            shutil.rmtree(self._workdir, ignore_errors=True)  # a model that fails to build leaves no folder behind
+            raise
+
+    def _start(self, graphs: Sequence[CompiledGraph], warmup_runs: int) -> None:
         self._graphs = [self._prepare(number, graph) for number, graph in enumerate(graphs, start=1)]
         self._lock = threading.Lock()  # a run and a swap of sessions (profiling on/off) never overlap
         self._plain: dict[tuple, _Bound] | None = None  # the unprofiled sessions while profiling
-        self._disabled = disabled_optimizers(options, static=True, device=self.device)
+        self._disabled = disabled_optimizers(self._options, static=True, device=self.device)
         for graph in self._graphs:
             bound = self._build(graph)
             self._by_shape[self._key(graph.shapes)] = bound
-            for _ in range(warmup_runs + (1 if self.device == "cuda" else 0)):
-                bound.run({n: np.zeros_like(v) if isinstance(v, np.ndarray) else v.numpy() for n, v in bound.inputs.items()},
-                          [m.name for m in bound.session.get_outputs()])
+            quiet = ort.RunOptions()
+            quiet.log_severity_level = 4  # a warm-up failing on zeros is no error worth a log line
+            for _ in range(warmup_runs + (1 if self.device == "cuda" else 0) if graph.warm_up else 0):
+                try:
+                    bound.run({n: v.copy() if isinstance(v, np.ndarray) else v.numpy() for n, v in bound.inputs.items()},  # zeros
+                              bound.output_order, quiet)
+                except Exception:  # noqa: BLE001 - zeros are not a valid input for every model
+                    break
 
     def _prepare(self, number: int, graph: CompiledGraph) -> _Prepared:
         """Hold the graph's weights (once across graphs), write the graph to a file, keep its metadata."""
         from gebackend.compile.doctor import static_node_names
+        from gebackend.compile.runtime_shapes import reads_shape_values, runtime_shaped_outputs
 
         shared: dict[str, str] = {}
         for init in graph.model.graph.initializer:
             if init.ByteSize() < SHARE_MIN_BYTES or (graph.source_weights is not None and init.name not in graph.source_weights):
                 continue
             array = numpy_helper.to_array(init)
+            if array.dtype == object:  # strings: no OrtValue to share
+                continue
             key = init.name
             held = self._shared.get(key)
             if held is not None and not (held[0].dtype == array.dtype and held[0].shape == array.shape
@@ -228,14 +278,18 @@ class OrtStaticEngine(Engine):
             shared[init.name] = key
         path = self._workdir / f"static{number}.onnx"
         onnx.save(graph.model, str(path))
+        runtime = runtime_shaped_outputs(graph.model)
+        static_nodes = static_node_names(graph.model)
         return _Prepared(
             shapes=dict(graph.shapes),
             path=path,
             dim_overrides=dict(graph.dim_overrides),
             shared=shared,
-            output_shapes={v.name: _static_shape(v) for v in graph.model.graph.output},
+            output_shapes={v.name: None if v.name in runtime else _static_shape(v) for v in graph.model.graph.output},
             node_order=[n.name for n in graph.model.graph.node],
-            static_nodes=static_node_names(graph.model),
+            static_nodes=static_nodes,
+            fully_static=not runtime and len(static_nodes) == len(graph.model.graph.node),
+            warm_up=not reads_shape_values(graph.model),
         )
 
     def _build(self, graph: _Prepared, profile_prefix: Path | None = None) -> _Bound:
@@ -248,7 +302,7 @@ class OrtStaticEngine(Engine):
         for name, key in graph.shared.items():
             so.add_initializer(name, self._shared[key][1])
         providers = self._providers
-        if self._options.enable_cuda_graph and profile_prefix is None:
+        if self._options.enable_cuda_graph and profile_prefix is None and graph.fully_static:
             providers = [_with_graph_capture(p) for p in providers]
         try:
             session = ort.InferenceSession(str(graph.path), sess_options=so, providers=providers,
@@ -270,20 +324,22 @@ class OrtStaticEngine(Engine):
             try:
                 return bound.run(feeds, output_names)
             except Exception as exc:
-                raise self._classify(bound, feeds, output_names, exc) from None
+                return self._rerun(bound, feeds, output_names, exc)
 
     @staticmethod
-    def _classify(bound: _Bound, feeds, output_names, exc: Exception) -> Exception:
+    def _rerun(bound: _Bound, feeds, output_names, exc: Exception) -> list[np.ndarray]:
         """run_with_iobinding reports every failure as a RuntimeError; a plain run of the same feeds (on the
         error path only) tells the request's fault (INVALID_ARGUMENT, e.g. a token id outside the vocabulary)
-        from ours."""
+        from ours. When the plain run succeeds, the bound buffers were at fault (an output at another size than
+        compiled): the request gets the plain run's answer and those outputs are allocated per run from now on."""
         try:
-            bound.session.run(list(output_names), dict(feeds))
+            arrays = bound.session.run(list(output_names), dict(feeds))
         except ort_state.InvalidArgument as again:
-            return EngineInputError(str(again))
-        except Exception:
-            pass
-        return EngineRunError(f"{type(exc).__name__}: {exc}")
+            raise EngineInputError(str(again)) from None
+        except Exception:  # noqa: BLE001 - report the bound run's own failure
+            raise EngineRunError(f"{type(exc).__name__}: {exc}") from None
+        bound.unbind_mismatched(output_names, arrays)
+        return arrays
 
     def start_profiling(self, prefix: Path) -> None:
         profiled = {

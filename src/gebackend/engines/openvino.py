@@ -11,7 +11,10 @@ LATENCY performance hint. The precision the compiled model reports back is what 
 
 Static graph mode: one compiled model per compiled shape (bucket), reshaped to its input shapes and
 warmed up once at load. Each bucket keeps one infer request whose input tensors are allocated once; a
-run copies the feeds into them and looks its bucket up by the exact input shapes.
+run copies the feeds into them and looks its bucket up by the exact input shapes. Outputs are read from
+the request after each run, so one whose shape depends on the data (NonZero) comes at this run's size.
+The warm-up on zeros is best-effort, and skipped where an input's values decide a shape (zeros there are
+no valid input; OpenVINO's Col2Im even dies of SIGFPE on a zero block shape).
 
 Weights are NOT shared between buckets. The CPU plugin repacks the weights of every compiled model into
 buffers of its own, and the model it was compiled from keeps its constants alive. Measured with psutil on
@@ -52,6 +55,7 @@ import openvino as ov
 import openvino.properties as props
 import openvino.properties.hint as hints
 
+from gebackend.compile.runtime_shapes import reads_shape_values
 from gebackend.config.options import BackendOptions
 from gebackend.engines.base import Engine, EngineInputError, EngineRunError, ProfiledSession
 from gebackend.engines.cpu import fallback_note
@@ -444,9 +448,14 @@ class OvStaticEngine(Engine):
                                       g.shapes, f"the static graph for {dict(g.shapes)}") for g in self._graphs]
         self._lock = threading.Lock()  # a run and a swap (profiling on/off) never overlap
         self._by_shape = self._build()
-        for bucket in self._by_shape.values():
-            for _ in range(warmup_runs):
-                bucket.run({n: np.zeros_like(b) for n, b in bucket.buffers.items()}, bucket.output_names, None)
+        for graph in self._graphs:
+            bucket = self._by_shape[_key(graph.shapes)]
+            # zeros where an input's values decide a shape may be no input at all (Col2Im: SIGFPE on a zero block)
+            for _ in range(0 if reads_shape_values(graph.model) else warmup_runs):
+                try:
+                    bucket.run({n: np.zeros_like(b) for n, b in bucket.buffers.items()}, bucket.output_names, None)
+                except Exception:  # noqa: BLE001 - zeros are not a valid input for every model (Resize scales, ...)
+                    break
         self._plain: dict[tuple, _Bucket] | None = None
         self._profiles: dict[tuple, _Profile] | None = None
 

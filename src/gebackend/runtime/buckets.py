@@ -52,7 +52,7 @@ class BucketRouter:
         self._output_labels = {name: [None] * offset + list(labels) for name, labels in output_labels.items()}
         # Per bucket, computed once: routing runs on every request (numpy here cost ~100 us a request).
         self._inner = [sum(math.prod(shape[offset:]) for shape in b.values()) for b in self.buckets]
-        self._batch = [next(iter(b.values()))[0] if b else 1 for b in self.buckets]
+        self._batch = [next(iter(b.values()))[0] if batching and b else 1 for b in self.buckets]  # rank-0 inputs: no batch
         self._plans: dict[tuple, list[Chunk] | None] = {}  # request shapes -> plan (shapes repeat)
 
     # -- routing -------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ from typing import Callable, Sequence
 
 from gebackend.config.spec import ModelSpec
 from gebackend.engines import create_engine, create_static_engine, engine_name
-from gebackend.errors import GeBackendError
+from gebackend.errors import GeBackendError, ModelLoadError
 from gebackend.runtime.buckets import BucketRouter
 from gebackend.runtime.executor import Executor
 from gebackend.runtime.runners import BucketRunner, DynamicRunner
@@ -92,22 +92,21 @@ def _build(spec: ModelSpec, providers: Sequence, log: Callable[[str], None]) -> 
     if not spec.static:
         engine = create_engine(spec, providers)
         return Executor(spec, DynamicRunner(spec.name, engine, output_names)), f"dynamic graph, {engine.describe()}"
+    try:
+        return _static_executor(spec, providers, log, output_names)
+    except GeBackendError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - never a dependency's traceback as the reason a load failed
+        from gebackend.compile.specialize import describe_error
 
-    from gebackend.compile.pipeline import compile_static
-    from gebackend.config.onnx_signature import read_signature
-    from gebackend.engines.onnxruntime_static import dim_overrides
+        raise ModelLoadError(
+            f"static graph mode could not build model '{spec.name}': {describe_error(exc)}; serve it with "
+            f"static_model=0 (dynamic graph mode) and report this model"
+        ) from None
 
-    graphs, report = compile_static(spec.path, spec.static_shapes, spec.options.fold_size_limit, log)
-    original = [(t.name, t.shape) for t in read_signature(spec.path).inputs]
-    for graph in graphs:
-        graph.dim_overrides = dim_overrides(original, graph.shapes)
-    if spec.options.dump_graph:
-        _dump(spec, graphs, log)
-    for line in report.format_text().splitlines():
-        log(f"graph doctor: {line}")
-    engine = create_static_engine(spec, graphs, providers, temp_parent=server_temp_parent())
-    del graphs  # the engine keeps files, not models: the weights live once, in the engine
-    _return_freed_memory()
+
+def _static_executor(spec: ModelSpec, providers: Sequence, log: Callable[[str], None], output_names) -> tuple[Executor, str]:
+    engine = _static_engine(spec, providers, log)
     router = BucketRouter(
         spec.static_shapes,
         spec.batching,
@@ -119,6 +118,27 @@ def _build(spec: ModelSpec, providers: Sequence, log: Callable[[str], None]) -> 
     runner = BucketRunner(spec.name, router, engine, output_names, fallback)
     how = f"static graph, buckets [{' | '.join(router.describe())}], fallback={spec.options.bucket_fallback}, {engine.describe()}"
     return Executor(spec, runner), how
+
+
+def _static_engine(spec: ModelSpec, providers: Sequence, log: Callable[[str], None]):
+    """Compile every shape of a static spec through the passes, log the doctor's report, build the engine."""
+    from gebackend.compile.pipeline import compile_static
+    from gebackend.config.onnx_signature import read_signature
+    from gebackend.engines.onnxruntime_static import dim_overrides
+
+    graphs, report = compile_static(spec.path, spec.static_shapes, spec.options.fold_size_limit, log)
+    original = [(t.name, t.shape) for t in read_signature(spec.path).inputs]
+    for graph in graphs:
+        graph.dim_overrides = dim_overrides(original, graph.shapes)
+    if spec.options.dump_graph:
+        _dump(spec, graphs, log)
+    if report is not None:
+        for line in report.format_text().splitlines():
+            log(f"graph doctor: {line}")
+    engine = create_static_engine(spec, graphs, providers, temp_parent=server_temp_parent())
+    del graphs  # the engine keeps files, not models: the weights live once, in the engine
+    _return_freed_memory()
+    return engine
 
 
 def _dump(spec: ModelSpec, graphs, log: Callable[[str], None]) -> None:

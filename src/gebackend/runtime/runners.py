@@ -80,14 +80,26 @@ class BucketRunner:
         for chunk in plan:
             padded = self.router.pad(feeds, chunk)
             outputs = run_engine(self.model, self.engine, padded, self.output_names)
+            bucket_rows = self.router.batch_of(chunk.bucket) if self.router.batching else 1
+            if self.router.batching:
+                self._check_batch_axis(outputs, bucket_rows)
             pieces.append(self.router.unpad(outputs, chunk.rows, label_sizes))
             self.runs_per_bucket[chunk.bucket] += 1
-            bucket_rows = self.router.batch_of(chunk.bucket) if self.router.batching else 1
             self.rows += bucket_rows
             self.padded_rows += bucket_rows - chunk.rows
         if len(pieces) == 1:
             return pieces[0]
         return {name: np.concatenate([p[name] for p in pieces], axis=0) for name in self.output_names}
+
+    def _check_batch_axis(self, outputs: Tensors, rows: int) -> None:
+        """Cutting padded rows off is right only for outputs whose dim 0 is the batch: one whose size the data decides
+        (NonZero's count) is refused, as the dynamic runner's split refuses it, rather than cut into a wrong answer."""
+        for name, array in outputs.items():
+            if array.ndim == 0 or array.shape[0] != rows:
+                raise InternalError(
+                    f"model '{self.model}': output '{name}' has shape {list(array.shape)}, whose dim 0 is not the batch "
+                    f"of {rows} rows, so it cannot be cut back per request; serve it with max_batch_size: 0"
+                )
 
     def engines(self) -> list[Engine]:
         return [self.engine] + ([self.fallback] if self.fallback is not None else [])
