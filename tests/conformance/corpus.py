@@ -1,0 +1,338 @@
+"""The ONNX operator test corpus run through plain engines and through gebackend's two graph modes, in-process.
+
+Cases come from the onnx wheel: its `onnx/backend/test/data/node` folder when it ships one (model.onnx
+and test_data_set_*/*.pb per case), else the case code (`onnx.backend.test.case.node.collect_testcases`),
+which builds the same models and reference data in memory. Each case runs
+
+- on the plain engine: `onnxruntime.InferenceSession` on the file, or `openvino.Core().compile_model` on it
+  with `INFERENCE_PRECISION_HINT=f32` (what `precision_mode=origin` asks; OpenVINO's default on a CPU with
+  bf16 support is bf16, which no case's tolerance allows);
+- through gebackend exactly as a server loads it: a `ModelSpec` built by `config.spec.build_model_spec` from
+  a config with the case's input shapes (static mode: `static_model=1`, so every shape is fixed; dynamic
+  mode: the dims the file leaves open stay -1), then `runtime.loader.load_executor` (static: specialise ->
+  upgrade -> fold -> engine through `compile/pipeline.compile_static` and `engines.create_static_engine`;
+  dynamic: `engines.create_engine`) and `Executor.execute` on one request, as the Triton adapter calls it.
+
+Outputs are compared as onnx's own backend test runner does (`assert_similar_outputs`): same count, shapes
+and dtypes, strings equal, numbers within the case's rtol/atol. A case gebackend cannot serve at all (a
+sequence, optional or map input or output; an element type Triton has none for; an empty input tensor,
+which the request validation answers with 400) is skipped with that reason. Both engines use one thread
+(plain and ours alike): the outputs do not depend on it and it keeps session creation cheap.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import io
+import os
+import tempfile
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import onnx
+
+ENGINES = ("onnxruntime", "openvino")
+MODES = ("dynamic", "static")
+
+
+@dataclass
+class Case:
+    name: str
+    model: onnx.ModelProto
+    inputs: list[Any]  # numpy arrays; lists for sequences, None for an empty optional
+    outputs: list[Any]
+    rtol: float
+    atol: float
+
+
+def corpus_source() -> str:
+    """Where the cases come from: the data folder when the onnx wheel ships it, else its case code."""
+    from onnx.backend.test import __file__ as test_init
+
+    folder = Path(test_init).parent / "data" / "node"
+    return str(folder) if folder.is_dir() else "onnx.backend.test.case.node.collect_testcases"
+
+
+def _load_folder(folder: Path) -> list[Case]:
+    from onnx import numpy_helper
+
+    cases = []
+    for case_dir in sorted(p for p in folder.iterdir() if (p / "model.onnx").is_file()):
+        model = onnx.load(str(case_dir / "model.onnx"))
+        data = sorted(glob.glob(str(case_dir / "test_data_set_*")))
+        if not data:
+            continue
+
+        def read(kind: str) -> list[Any]:
+            values = []
+            for file in sorted(glob.glob(os.path.join(data[0], f"{kind}_*.pb")),
+                               key=lambda f: int(Path(f).stem.split("_")[-1])):
+                proto = onnx.TensorProto()
+                proto.ParseFromString(Path(file).read_bytes())
+                values.append(numpy_helper.to_array(proto))
+            return values
+
+        cases.append(Case(case_dir.name, model, read("input"), read("output"), 1e-3, 1e-7))
+    return cases
+
+
+def _array(value: Any) -> Any:
+    """A case value as the corpus's .pb files hold it: numpy scalars (np.float32(1.0)) as 0-d arrays, TensorProtos
+    (the Cast cases give those) as arrays; sequences and None kept."""
+    if isinstance(value, onnx.TensorProto):
+        from onnx import numpy_helper
+
+        return numpy_helper.to_array(value)
+    return value if value is None or isinstance(value, (list, tuple, np.ndarray)) else np.asarray(value)
+
+
+def load_cases() -> list[Case]:
+    """Every node test case, in name order (about 1,900 with onnx 1.23: ~7 s to build from the case code)."""
+    source = corpus_source()
+    if source.endswith("node"):
+        return _load_folder(Path(source))
+    from onnx.backend.test.case import node
+
+    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+        warnings.simplefilter("ignore")  # the case code overflows casts on purpose
+        collected = node.collect_testcases(None)
+    cases = []
+    for tc in collected:
+        if tc.model is None or not tc.data_sets:
+            continue
+        inputs, outputs = tc.data_sets[0]
+        cases.append(Case(tc.name, tc.model, [_array(v) for v in inputs], [_array(v) for v in outputs], tc.rtol, tc.atol))
+    return sorted(cases, key=lambda c: c.name)
+
+
+# ------------------------------------------------------------------------------------------ comparison
+
+
+def compare(want: Sequence[Any], got: Sequence[Any], rtol: float, atol: float) -> str | None:
+    """None when `got` matches the reference `want` as onnx's backend test runner checks it, else why not."""
+    if len(got) != len(want):
+        return f"{len(got)} outputs, the reference has {len(want)}"
+    for index, (w, g) in enumerate(zip(want, got)):
+        if isinstance(w, (list, tuple)) or w is None:
+            return f"output {index}: a sequence or optional (not comparable as a tensor)"
+        g = np.asarray(g)
+        if g.shape != w.shape:
+            return f"output {index}: shape {list(g.shape)}, the reference has {list(w.shape)}"
+        if w.dtype == object:
+            if not np.array_equal(g.astype(object), w):
+                return f"output {index}: strings differ"
+            continue
+        if g.dtype != w.dtype:
+            return f"output {index}: dtype {g.dtype}, the reference has {w.dtype}"
+        try:
+            np.testing.assert_allclose(g, w, rtol=rtol, atol=atol)
+        except AssertionError as exc:
+            lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+            detail = next((line for line in lines if line.startswith("Mismatched elements")), "values differ")
+            return f"output {index}: {detail} (rtol={rtol}, atol={atol})"
+    return None
+
+
+def _first_line(exc: BaseException) -> str:
+    """The exception in one line; OpenVINO's messages start with source locations, their last line says what failed."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    line = lines[-1] if lines and lines[0].startswith("Exception from src/") else (lines[0] if lines else "")
+    text = f"{type(exc).__name__}: {line}"
+    return text if len(text) <= 240 else text[:237] + "..."
+
+
+# ------------------------------------------------------------------------------------------ running
+
+
+class Workdir:
+    """Each case's model written once, as a file (engines and the loader read files)."""
+
+    def __init__(self):
+        self._dir = tempfile.TemporaryDirectory(prefix="gebackend-conformance-")
+        self._paths: dict[str, Path] = {}
+
+    def path(self, case: Case) -> Path:
+        path = self._paths.get(case.name)
+        if path is None:
+            path = Path(self._dir.name) / case.name / "model.onnx"
+            path.parent.mkdir(parents=True)
+            onnx.save(case.model, str(path))
+            self._paths[case.name] = path
+        return path
+
+    def cleanup(self) -> None:
+        self._dir.cleanup()
+
+
+def input_names(model: onnx.ModelProto) -> list[str]:
+    initializers = {i.name for i in model.graph.initializer}
+    return [v.name for v in model.graph.input if v.name not in initializers]
+
+
+def feeds(case: Case) -> dict[str, Any]:
+    return dict(zip(input_names(case.model), case.inputs))
+
+
+def not_servable(case: Case, path: Path) -> str | None:
+    """Why gebackend cannot serve this case at all (only tensors, with a Triton type, non-empty), or None."""
+    from gebackend.config.onnx_signature import read_signature
+    from gebackend.errors import ConfigError
+
+    for value in [*case.inputs, *case.outputs]:
+        if value is None or isinstance(value, (list, tuple)):
+            return "a sequence or optional input/output: only tensors can be served"
+    try:
+        read_signature(path)
+    except ConfigError as exc:
+        return f"not servable: {exc}"
+    for name, value in feeds(case).items():
+        if 0 in np.shape(value):
+            return (f"input '{name}' is an empty tensor {list(np.shape(value))}: requests with an empty tensor are "
+                    f"answered with 400 by the request validation")
+    return None
+
+
+def run_plain(engine: str, case: Case, path: Path) -> str | None:
+    """None when the plain engine reproduces the case's reference outputs, else why not."""
+    try:
+        if engine == "onnxruntime":
+            import onnxruntime as ort
+
+            options = ort.SessionOptions()
+            options.log_severity_level = 4
+            options.intra_op_num_threads = 1
+            session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        else:
+            import openvino as ov
+
+            from gebackend.engines.openvino import core
+
+            compiled = core().compile_model(str(path), "CPU", {"INFERENCE_PRECISION_HINT": ov.Type.f32,
+                                                               "INFERENCE_NUM_THREADS": 1})
+    except Exception as exc:  # noqa: BLE001 - a plain failure is a result, not an error
+        return f"load fails: {_first_line(exc)}"
+    try:
+        if engine == "onnxruntime":
+            got = session.run(None, feeds(case))
+        else:
+            request = compiled.create_infer_request()
+            request.infer({name: np.asarray(a) for name, a in feeds(case).items()})
+            got = [request.get_output_tensor(i).data.copy() for i in range(len(compiled.outputs))]
+    except Exception as exc:  # noqa: BLE001
+        return f"run fails: {_first_line(exc)}"
+    return compare(case.outputs, got, case.rtol, case.atol)
+
+
+def _config(case: Case, path: Path, static: bool) -> dict[str, Any]:
+    """config.pbtxt as a dict: no batching, each input's dims from the case's data (-1 where dynamic mode keeps
+    the file's open dim)."""
+    from gebackend.config.onnx_signature import read_signature
+
+    entries = []
+    signature = {t.name: t for t in read_signature(path).inputs}
+    for name, value in feeds(case).items():
+        tensor = signature[name]
+        shape = list(np.shape(value))
+        if not static and len(tensor.shape) == len(shape):
+            shape = [d if isinstance(d, int) else -1 for d in tensor.shape]
+        entries.append({"name": name, "data_type": tensor.dtype.triton, "dims": shape})
+    return {"name": case.name, "max_batch_size": 0, "input": entries}
+
+
+def run_ours(engine: str, mode: str, case: Case, path: Path, log=None) -> str | None:
+    """None when gebackend (load as a server does, then one request) reproduces the reference outputs, else why not."""
+    from gebackend.config.onnx_signature import read_signature
+    from gebackend.config.options import BackendOptions
+    from gebackend.config.spec import build_model_spec
+    from gebackend.errors import GeBackendError
+    from gebackend.runtime.loader import load_executor
+
+    lines: list[str] = [] if log is None else log
+    options = BackendOptions(engine=engine, static_model=mode == "static", intra_op_thread_count=1)
+    try:
+        spec = build_model_spec(_config(case, path, mode == "static"), read_signature(path), path, options)
+        executor, _ = load_executor(spec, log=lines.append)
+    except GeBackendError as exc:
+        return f"load refused: {exc}"
+    except Exception as exc:  # noqa: BLE001 - exactly what must never happen
+        return f"load CRASHED (a dependency's exception reached the caller): {_first_line(exc)}"
+    try:
+        try:
+            (result,) = executor.execute([feeds(case)])
+        except Exception as exc:  # noqa: BLE001
+            return f"request CRASHED: {_first_line(exc)}"
+        if isinstance(result, Exception):
+            return f"request failed: {result}"
+        return compare(case.outputs, [result.get(o.name) for o in case.model.graph.output], case.rtol, case.atol)
+    finally:
+        executor.close()
+
+
+# ------------------------------------------------------------------------------------------ the whole corpus
+
+
+def available_engines() -> list[str]:
+    import importlib.util
+
+    return [e for e in ENGINES if importlib.util.find_spec(e) is not None]
+
+
+def run_share(worker: int, workers: int, engines: Sequence[str]) -> dict[str, dict[str, str | None]]:
+    """Cases worker::workers (name order): {case: {"skip": why}} or {case: {"plain/<engine>": None | why, ...}}.
+
+    Runs in a fresh process (spawned: engines' thread pools do not survive a fork), which reads the corpus itself.
+    """
+    import gc
+
+    import onnxslim  # noqa: F401 - imported before the freeze below (onnxslim brings sympy: many objects)
+
+    import gebackend.runtime.loader  # noqa: F401
+    for engine in engines:
+        __import__(engine)
+    cases = load_cases()[worker::workers]
+    # the corpus and the modules are long-lived: without this, the loader's gc.collect() after every static
+    # build walks them all (24 ms a build, a minute of the run)
+    gc.freeze()
+    try:
+        import onnxruntime as ort
+
+        ort.set_default_logger_severity(4)  # failed runs are results here, not log lines
+    except ImportError:
+        pass
+    workdir = Workdir()
+    results: dict[str, dict[str, str | None]] = {}
+    try:
+        for case in cases:
+            path = workdir.path(case)
+            skip = not_servable(case, path)
+            if skip is not None:
+                results[case.name] = {"skip": skip}
+                continue
+            row: dict[str, str | None] = {}
+            for engine in engines:
+                row[f"plain/{engine}"] = run_plain(engine, case, path)
+                for mode in MODES:
+                    row[f"{mode}/{engine}"] = run_ours(engine, mode, case, path)
+            results[case.name] = row
+    finally:
+        workdir.cleanup()
+    return results
+
+
+def run_all(engines: Sequence[str] | None = None, workers: int | None = None) -> dict[str, dict[str, str | None]]:
+    """Every case through every engine (plain, dynamic, static), split over `workers` spawned processes."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    engines = list(engines or available_engines())
+    workers = workers or max(1, min(2, os.cpu_count() or 1))
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        shares = [pool.submit(run_share, w, workers, engines) for w in range(workers)]
+        results: dict[str, dict[str, str | None]] = {}
+        for share in shares:
+            results.update(share.result())
+    return dict(sorted(results.items()))
