@@ -11,6 +11,8 @@ import onnx
 
 from gebackend.engines.cpu import describe as cpu_describe
 from gebackend.engines.cpu import precision_run
+from gebackend.engines.registry import kind
+from gebackend.engines.registry import names as engine_names
 from gebackend.errors import ConfigError, GeBackendError
 
 
@@ -46,7 +48,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--precision", choices=["int8", "fp16", "bf16"],
                    help="lower MODEL to this precision and report how far its outputs move from fp32 on a seeded "
                         "random input (the same check the server logs at load)")
-    p.add_argument("--engine", choices=["onnxruntime", "openvino"], default="onnxruntime",
+    p.add_argument("--engine", choices=list(engine_names()), default="onnxruntime",
                    help="the engine that runs the lowered model for --precision (default: onnxruntime)")
     p.set_defaults(func=run)
 
@@ -144,11 +146,11 @@ def _precision_report(path: Path, mode: str, engine: str, shapes):
     from gebackend.compile.accuracy import accuracy_report, random_feeds
 
     feeds = random_feeds(path, shapes)
-    if engine == "openvino":
+    engine_kind = kind(engine)
+    if engine_kind.lowers_in_engine:
         from gebackend.config.options import BackendOptions
-        from gebackend.engines.openvino import OvEngine
 
-        lowered = OvEngine(path, BackendOptions(engine="openvino", precision_mode=mode))
+        lowered = engine_kind.dynamic(path, BackendOptions(engine=engine, precision_mode=mode), ("CPUExecutionProvider",))
         try:
             return accuracy_report(path, lowered, feeds)
         finally:

@@ -1,10 +1,12 @@
-"""Graph engines behind one small interface, and which execution providers an instance gets."""
+"""Graph engines behind one small interface (registered by name in `registry.py`), which one a model's options
+name, and which execution providers an instance gets."""
 
 from __future__ import annotations
 
 from typing import Sequence
 
 from gebackend.engines.base import Engine
+from gebackend.engines.registry import kind
 
 
 def providers_for(instance_kind: str = "CPU", device_id: int = 0) -> list:
@@ -36,24 +38,12 @@ def engine_name(options) -> str:
 
 def create_engine(spec, providers: Sequence = ("CPUExecutionProvider",)) -> Engine:
     """The dynamic graph engine for a model."""
-    if engine_name(spec.options) == "openvino":
-        from gebackend.engines.openvino import OvEngine
-
-        return OvEngine(spec.path, spec.options)
-    from gebackend.engines.onnxruntime import OrtEngine
-
-    return OrtEngine(spec.path, spec.options, providers)
+    return kind(engine_name(spec.options)).dynamic(spec.path, spec.options, providers)
 
 
 def create_static_engine(spec, graphs: Sequence, providers: Sequence = ("CPUExecutionProvider",), temp_parent=None) -> Engine:
     """The static graph engine for a model: one compiled graph per shape (bucket)."""
-    if engine_name(spec.options) == "openvino":
-        from gebackend.engines.openvino import OvStaticEngine
-
-        return OvStaticEngine(graphs, spec.options, source=spec.path)  # one read, constants shared across buckets
-    from gebackend.engines.onnxruntime_static import OrtStaticEngine
-
-    return OrtStaticEngine(graphs, spec.options, providers, temp_parent=temp_parent)
+    return kind(engine_name(spec.options)).static(graphs, spec.options, providers, spec.path, temp_parent)
 
 
 __all__ = ["Engine", "create_engine", "create_static_engine", "engine_name", "providers_for"]

@@ -74,19 +74,14 @@ def fallback_note(requested: str, missing: str, ran: str) -> str:
 
 
 def precision_run(mode: str, engine: str) -> PrecisionRun:
-    """What `precision_mode` `mode` runs at on `engine` ("onnxruntime" | "openvino") on this CPU.
+    """What `precision_mode` `mode` runs at on `engine` on this CPU: each engine says (engines/registry.py)."""
+    from gebackend.engines.registry import kind
 
-    OpenVINO falls back where the CPU lacks the type (see `engines/openvino.resolve_precision`, which this asks).
-    ONNX Runtime runs what the lowered model says (bf16 is refused before this); int8 without VNNI runs on
-    AVX2 kernels, which is said because it is slower.
-    """
-    if engine == "openvino" and mode != "int8":
-        from gebackend.engines.openvino import resolve_precision
+    return kind(engine).precision_run(mode)
 
-        chosen = resolve_precision(mode)
-        return PrecisionRun(mode, chosen.hint.get_type_name(), chosen.note)
-    ran = {"origin": "f32", "fp16": "f16", "bf16": "bf16", "int8": "int8"}.get(mode, mode)
-    note = ""
+
+def int8_note(mode: str) -> str:
+    """int8 without VNNI runs on AVX2 kernels: said, because it is slower."""
     if mode == "int8" and flags() and not flags() & {"avx512_vnni", "avx_vnni", "amx_int8"}:
-        note = "int8 requested, this CPU has no VNNI: ran int8 on AVX2 kernels (slower than with VNNI)"
-    return PrecisionRun(mode, ran, note)
+        return "int8 requested, this CPU has no VNNI: ran int8 on AVX2 kernels (slower than with VNNI)"
+    return ""

@@ -1,4 +1,5 @@
-"""The ONNX Runtime engine: one InferenceSession per instance, configured from the backend options."""
+"""The ONNX Runtime engine: one InferenceSession per instance, configured from the backend options; its `KIND` for
+the registry (the static engine lives in `onnxruntime_static.py`)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from onnxruntime.capi import onnxruntime_pybind11_state as ort_state
 
 from gebackend.config.options import BackendOptions
 from gebackend.engines.base import Engine, EngineInputError, EngineRunError, ProfiledSession, monotonic_from_wall_ns
+from gebackend.engines.cpu import PrecisionRun, int8_note
+from gebackend.engines.registry import EngineKind
 from gebackend.errors import ModelLoadError
 
 _OPT_LEVELS = {
@@ -124,3 +127,19 @@ class OrtEngine(Engine):
 
     def close(self) -> None:
         self._session = None
+
+
+def _static_engine(graphs, options: BackendOptions, providers: Sequence, source: Path, temp_parent: Path | None) -> Engine:
+    from gebackend.engines.onnxruntime_static import OrtStaticEngine
+
+    return OrtStaticEngine(graphs, options, providers, temp_parent=temp_parent)
+
+
+def precision_run(mode: str) -> PrecisionRun:
+    """ONNX Runtime runs what the lowered file says (compile/precision.py; bf16 is refused there)."""
+    ran = {"origin": "f32", "fp16": "f16", "bf16": "bf16", "int8": "int8"}.get(mode, mode)
+    return PrecisionRun(mode, ran, int8_note(mode))
+
+
+KIND = EngineKind("onnxruntime", dynamic=OrtEngine, static=_static_engine, lowers_in_engine=False,
+                  precision_run=precision_run)

@@ -58,7 +58,8 @@ import openvino.properties.hint as hints
 from gebackend.compile.runtime_shapes import reads_shape_values
 from gebackend.config.options import BackendOptions
 from gebackend.engines.base import Engine, EngineInputError, EngineRunError, ProfiledSession
-from gebackend.engines.cpu import fallback_note
+from gebackend.engines.cpu import PrecisionRun, fallback_note
+from gebackend.engines.registry import EngineKind
 from gebackend.errors import ModelLoadError
 
 DEVICE = "CPU"
@@ -514,3 +515,19 @@ class OvStaticEngine(Engine):
         self._by_shape.clear()
         self._plain = None
         self._models = []
+
+
+def precision_run(mode: str) -> PrecisionRun:
+    """The precision OpenVINO compiles `mode` at on this CPU (`resolve_precision`); int8 raises `ModelLoadError`."""
+    chosen = resolve_precision(mode)
+    return PrecisionRun(mode, chosen.hint.get_type_name(), chosen.note)
+
+
+KIND = EngineKind(
+    "openvino",
+    dynamic=lambda path, options, providers: OvEngine(path, options),
+    # the source file read once, reshaped per bucket: the buckets share its constants
+    static=lambda graphs, options, providers, source, temp_parent: OvStaticEngine(graphs, options, source=source),
+    lowers_in_engine=True,
+    precision_run=precision_run,
+)

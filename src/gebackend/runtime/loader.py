@@ -17,6 +17,7 @@ from typing import Callable, Sequence
 
 from gebackend.config.spec import ModelSpec
 from gebackend.engines import create_engine, create_static_engine, engine_name
+from gebackend.engines.registry import kind
 from gebackend.errors import GeBackendError, ModelLoadError
 from gebackend.runtime.buckets import BucketRouter
 from gebackend.runtime.executor import Executor
@@ -29,7 +30,7 @@ def load_executor(
     """The executor for a model and one line describing how it runs."""
     folder: Path | None = None
     precision = ""
-    if spec.options.precision_mode != "origin" and engine_name(spec.options) == "onnxruntime":
+    if spec.options.precision_mode != "origin" and not kind(engine_name(spec.options)).lowers_in_engine:
         folder = _lowered_dir(spec.name)
         try:
             spec, precision = _lower(spec, folder, providers, log)
@@ -66,11 +67,10 @@ def _lower(spec: ModelSpec, folder: Path, providers: Sequence, log: Callable[[st
     """The spec pointing at the lowered model, and the precision part of the load line."""
     from gebackend.compile.accuracy import accuracy_report, random_feeds
     from gebackend.compile.precision import lower_precision
-    from gebackend.engines.cpu import precision_run
 
     mode = spec.options.precision_mode
     lowered = lower_precision(spec.path, mode, folder, log)
-    ran = precision_run(mode, "onnxruntime")
+    ran = kind(engine_name(spec.options)).precision_run(mode)
     if ran.note:
         log(f"precision {mode}: {ran.note}")
     try:

@@ -1,0 +1,59 @@
+"""The engine registry (engines/registry.py): one table of engines by name, each building its own engines."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+
+from gebackend.compile.pipeline import compile_static
+from gebackend.config.options import BackendOptions
+from gebackend.config.onnx_signature import signature_of
+from gebackend.config.spec import build_model_spec
+from gebackend.engines import create_engine, create_static_engine, registry
+from gebackend.modelzoo import build_add_mul
+
+
+@pytest.fixture
+def model_path(tmp_path):
+    path = tmp_path / "model.onnx"
+    onnx.save(build_add_mul(), str(path))
+    return path
+
+
+def _spec(path, engine: str):
+    return build_model_spec({"name": "am", "max_batch_size": 4}, signature_of(onnx.load(str(path))), path,
+                            BackendOptions(engine=engine))
+
+
+def test_every_registered_engine_builds_both_graph_modes_and_they_agree(model_path):
+    names = [n for n in registry.names() if n != "openvino" or pytest.importorskip("openvino")]
+    assert names[0] == "onnxruntime" and set(registry.names()) == {"onnxruntime", "openvino"}
+    feeds = {"x": np.arange(8, dtype=np.float32).reshape(2, 4), "y": np.ones((2, 4), np.float32)}
+    outputs = [o.name for o in build_add_mul().graph.output]
+    want = None
+    for name in names:
+        dynamic = create_engine(_spec(model_path, name))
+        assert dynamic.name == name
+        spec = _spec(model_path, name)
+        graphs, _ = compile_static(model_path, [{"x": (2, 4), "y": (2, 4)}], 1 << 20)
+        static = create_static_engine(spec, graphs)
+        assert static.name == f"{name}-static"
+        for engine in (dynamic, static):
+            got = engine.run(feeds, outputs)
+            want = got if want is None else want
+            for g, w in zip(got, want):
+                np.testing.assert_allclose(g, w, rtol=1e-6)
+            engine.close()
+
+
+def test_each_engine_says_how_it_lowers_precision():
+    assert registry.kind("onnxruntime").lowers_in_engine is False  # the file is lowered first (compile/precision.py)
+    assert registry.kind("onnxruntime").precision_run("origin").ran == "f32"
+    pytest.importorskip("openvino")
+    assert registry.kind("openvino").lowers_in_engine is True  # OpenVINO compiles at the precision hint
+
+
+def test_an_unknown_engine_is_named_with_the_known_ones():
+    with pytest.raises(ValueError, match=r"unknown engine 'tensorrt': expected one of onnxruntime, openvino"):
+        registry.kind("tensorrt")
