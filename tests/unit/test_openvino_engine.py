@@ -134,7 +134,7 @@ def test_factory_dispatches_to_openvino(model):
 def test_origin_is_f32_although_this_cpu_defaults_to_bf16(model):
     """OpenVINO picks bf16 by itself on CPUs with BF16; origin must not."""
     engine = OvEngine(model.path, BackendOptions(precision_mode="origin"))
-    assert engine._current.property("INFERENCE_PRECISION_HINT") == ov.Type.f32
+    assert engine._swap.serving.property("INFERENCE_PRECISION_HINT") == ov.Type.f32
 
 
 @pytest.mark.skipif("BF16" not in CAPABILITIES, reason="this CPU has no BF16")

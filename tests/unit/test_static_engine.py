@@ -353,7 +353,7 @@ def test_a_bound_output_at_the_wrong_size_is_answered_and_allocated_per_run_from
     dims = graphs[0].model.graph.output[0].type.tensor_type.shape.dim
     dims[0].dim_value, dims[1].dim_value = 3, 2  # a wrong static shape
     engine = OrtStaticEngine(graphs, BackendOptions())
-    (bound,) = engine._by_shape.values()
+    (bound,) = engine._swap.serving.values()
     assert bound.outputs[name].shape == (3, 2)
     x = np.arange(6, dtype=np.float32).reshape(2, 3)
     want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
+import threading
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Any, Callable, Generic, Mapping, Sequence, TypeVar
 
 import numpy as np
 
@@ -52,6 +53,45 @@ def profiled_node_names(profile_file: Path) -> list[str]:
     names = [e["name"][: -len("_kernel_time")] for e in events
              if e.get("cat") == "Node" and str(e.get("name", "")).endswith("_kernel_time")]
     return list(dict.fromkeys(names))
+
+
+Serving = TypeVar("Serving")
+
+
+class ProfilingSwap(Generic[Serving]):
+    """What an engine runs on (a session, a compiled model, or one per bucket) and its profiled twin while profiling.
+
+    Every engine profiles the same way: the twin is built beside the serving one (requests keep running
+    meanwhile), then the two are swapped between runs, and swapped back when profiling stops. `lock` is held by
+    a run and by a swap, so they never overlap; a run reads `serving` (and `state`, what the engine records
+    while profiling) under it.
+    """
+
+    def __init__(self, serving: Serving):
+        self.lock = threading.Lock()
+        self.serving = serving
+        self.state: Any = None
+        self._plain: Serving | None = None  # the unprofiled one while the twin serves
+
+    def start(self, profiled: Serving, state: Callable[[Serving], Any] | None = None) -> None:
+        """Serve `profiled` from the next run on (nothing changes if a twin already serves); `state(profiled)` is made
+        at the swap."""
+        with self.lock:
+            if self._plain is None:
+                self._plain, self.serving = self.serving, profiled
+                self.state = state(profiled) if state is not None else None
+
+    def stop(self) -> tuple[Serving, Any] | None:
+        """Serve the plain one again; the twin and its state, or None when no twin was serving."""
+        with self.lock:
+            if self._plain is None:
+                return None
+            profiled, state = self.serving, self.state
+            self.serving, self._plain, self.state = self._plain, None, None
+        return profiled, state
+
+    def close(self) -> None:
+        self._plain = self.state = None
 
 
 class Engine(ABC):

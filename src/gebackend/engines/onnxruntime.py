@@ -3,7 +3,6 @@ the registry (the static engine lives in `onnxruntime_static.py`)."""
 
 from __future__ import annotations
 
-import threading
 from pathlib import Path
 from typing import Mapping, Sequence
 
@@ -12,7 +11,14 @@ import onnxruntime as ort
 from onnxruntime.capi import onnxruntime_pybind11_state as ort_state
 
 from gebackend.config.options import BackendOptions
-from gebackend.engines.base import Engine, EngineInputError, EngineRunError, ProfiledSession, monotonic_from_wall_ns
+from gebackend.engines.base import (
+    Engine,
+    EngineInputError,
+    EngineRunError,
+    ProfiledSession,
+    ProfilingSwap,
+    monotonic_from_wall_ns,
+)
 from gebackend.engines.cpu import PrecisionRun, int8_note
 from gebackend.engines.registry import EngineKind
 from gebackend.errors import ModelLoadError
@@ -78,9 +84,7 @@ class OrtEngine(Engine):
         self._path = path
         self._providers = list(providers)
         self._disabled = disabled_optimizers(options, static=False)
-        self._lock = threading.Lock()  # a run and a session swap (profiling on/off) never overlap
-        self._plain: ort.InferenceSession | None = None  # the unprofiled session while a profiling one runs
-        self._session = self._new_session()
+        self._swap = ProfilingSwap(self._new_session())
 
     def _new_session(self, profile_prefix: Path | None = None) -> ort.InferenceSession:
         so = session_options(self._options)
@@ -95,38 +99,36 @@ class OrtEngine(Engine):
 
     def run(self, feeds: Mapping[str, np.ndarray], output_names: Sequence[str]) -> list[np.ndarray]:
         try:
-            with self._lock:
-                return self._session.run(list(output_names), dict(feeds))
+            with self._swap.lock:
+                return self._swap.serving.run(list(output_names), dict(feeds))
         except ort_state.InvalidArgument as exc:
             raise EngineInputError(str(exc)) from None
         except Exception as exc:
             raise EngineRunError(f"{type(exc).__name__}: {exc}") from None
 
     def start_profiling(self, prefix: Path) -> None:
-        profiled = self._new_session(prefix)  # built before the swap: requests keep running meanwhile
-        with self._lock:
-            if self._plain is None:
-                self._plain, self._session = self._session, profiled
+        self._swap.start(self._new_session(prefix))
 
     def stop_profiling(self) -> list[ProfiledSession]:
-        with self._lock:
-            if self._plain is None:
-                return []
-            profiled, self._session, self._plain = self._session, self._plain, None
+        swapped = self._swap.stop()
+        if swapped is None:
+            return []
+        profiled, _ = swapped
         start = monotonic_from_wall_ns(profiled.get_profiling_start_time_ns())
         return [ProfiledSession(Path(profiled.end_profiling()), "dynamic", "dynamic", start)]
 
     def describe(self) -> str:
         o = self._options
         return (
-            f"onnxruntime {ort.__version__} providers={self._session.get_providers()} "
+            f"onnxruntime {ort.__version__} providers={self._swap.serving.get_providers()} "
             f"intra_op_threads={o.intra_op_thread_count or 'default'} inter_op_threads={o.inter_op_thread_count or 'default'} "
             f"execution_mode={o.execution_mode} graph_optimization_level={o.graph_optimization_level}"
             f"{describe_tuning(o, self._disabled)}"
         )
 
     def close(self) -> None:
-        self._session = None
+        self._swap.close()
+        self._swap.serving = None
 
 
 def _static_engine(graphs, options: BackendOptions, providers: Sequence, source: Path, temp_parent: Path | None) -> Engine:

@@ -25,7 +25,6 @@ from __future__ import annotations
 import dataclasses
 import shutil
 import tempfile
-import threading
 import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,6 +42,7 @@ from gebackend.engines.base import (
     EngineInputError,
     EngineRunError,
     ProfiledSession,
+    ProfilingSwap,
     monotonic_from_wall_ns,
     profiled_node_names,
 )
@@ -228,7 +228,7 @@ class OrtStaticEngine(Engine):
         self.device = "cuda" if any(_provider_name(p) == "CUDAExecutionProvider" for p in providers) else "cpu"
         self._shared: dict[str, tuple[np.ndarray, ort.OrtValue]] = {}
         self._private_bytes = 0
-        self._by_shape: dict[tuple, _Bound] = {}
+        self._swap: ProfilingSwap[dict[tuple, _Bound]] = ProfilingSwap({})  # one bound session per bucket
         self._workdir = Path(tempfile.mkdtemp(prefix="gebackend-static-", dir=temp_parent))
         weakref.finalize(self, shutil.rmtree, str(self._workdir), True)  # also when the engine is dropped, not closed
         try:
@@ -239,12 +239,10 @@ class OrtStaticEngine(Engine):
 
     def _start(self, graphs: Sequence[CompiledGraph], warmup_runs: int) -> None:
         self._graphs = [self._prepare(number, graph) for number, graph in enumerate(graphs, start=1)]
-        self._lock = threading.Lock()  # a run and a swap of sessions (profiling on/off) never overlap
-        self._plain: dict[tuple, _Bound] | None = None  # the unprofiled sessions while profiling
         self._disabled = disabled_optimizers(self._options, static=True, device=self.device)
         for graph in self._graphs:
             bound = self._build(graph)
-            self._by_shape[self._key(graph.shapes)] = bound
+            self._swap.serving[self._key(graph.shapes)] = bound
             quiet = ort.RunOptions()
             quiet.log_severity_level = 4  # a warm-up failing on zeros is no error worth a log line
             for _ in range(warmup_runs + (1 if self.device == "cuda" else 0) if graph.warm_up else 0):
@@ -316,8 +314,8 @@ class OrtStaticEngine(Engine):
         return tuple(sorted((name, tuple(int(d) for d in shape)) for name, shape in shapes.items()))
 
     def run(self, feeds: Mapping[str, np.ndarray], output_names: Sequence[str]) -> list[np.ndarray]:
-        with self._lock:
-            bound = self._by_shape.get(self._key({n: a.shape for n, a in feeds.items()}))
+        with self._swap.lock:
+            bound = self._swap.serving.get(self._key({n: a.shape for n, a in feeds.items()}))
             if bound is None:
                 sent = {n: list(a.shape) for n, a in feeds.items()}
                 raise EngineInputError(f"no static graph was compiled for input shapes {sent}")
@@ -344,16 +342,14 @@ class OrtStaticEngine(Engine):
     def start_profiling(self, prefix: Path) -> None:
         profiled = {
             self._key(g.shapes): self._build(g, Path(f"{prefix}-static{i}")) for i, g in enumerate(self._graphs, start=1)
-        }  # built before the swap: requests keep running meanwhile
-        with self._lock:
-            if self._plain is None:
-                self._plain, self._by_shape = self._by_shape, profiled
+        }
+        self._swap.start(profiled)
 
     def stop_profiling(self) -> list[ProfiledSession]:
-        with self._lock:
-            if self._plain is None:
-                return []
-            profiled, self._by_shape, self._plain = self._by_shape, self._plain, None
+        swapped = self._swap.stop()
+        if swapped is None:
+            return []
+        profiled, _ = swapped
         sessions = []
         for graph in self._graphs:
             session = profiled[self._key(graph.shapes)].session
@@ -372,16 +368,17 @@ class OrtStaticEngine(Engine):
 
     def describe(self) -> str:
         o = self._options
-        first = next(iter(self._by_shape.values()))
+        first = next(iter(self._swap.serving.values()))
         return (
-            f"onnxruntime {ort.__version__} static graph: {len(self._by_shape)} compiled shape(s), "
+            f"onnxruntime {ort.__version__} static graph: {len(self._swap.serving)} compiled shape(s), "
             f"providers={first.session.get_providers()}, weights held once ({self.shared_weight_bytes / 2**20:.1f} MiB), "
             f"IOBinding on {self.device}, cuda_graph={'on' if self.device == 'cuda' and o.enable_cuda_graph else 'off'}, "
             f"intra_op_threads={o.intra_op_thread_count or 'default'}{describe_tuning(o, self._disabled)}"
         )
 
     def close(self) -> None:
-        self._by_shape.clear()
+        self._swap.close()
+        self._swap.serving.clear()
         self._shared.clear()
         shutil.rmtree(self._workdir, ignore_errors=True)
 

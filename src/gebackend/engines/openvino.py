@@ -57,7 +57,7 @@ import openvino.properties.hint as hints
 
 from gebackend.compile.runtime_shapes import reads_shape_values
 from gebackend.config.options import BackendOptions
-from gebackend.engines.base import Engine, EngineInputError, EngineRunError, ProfiledSession
+from gebackend.engines.base import Engine, EngineInputError, EngineRunError, ProfiledSession, ProfilingSwap
 from gebackend.engines.cpu import PrecisionRun, fallback_note
 from gebackend.engines.registry import EngineKind
 from gebackend.errors import ModelLoadError
@@ -315,18 +315,15 @@ class OvEngine(Engine):
         self._options = options
         self.precision = resolve_precision(options.precision_mode)
         self._model = _read(str(self._path), str(self._path))
-        self._lock = threading.Lock()  # a run and a swap (profiling on/off) never overlap
-        self._current = self._compile()
-        self._plain: _Compiled | None = None  # the unprofiled model while a profiled one runs
-        self._profile: _Profile | None = None
+        self._swap: ProfilingSwap[_Compiled] = ProfilingSwap(self._compile())  # state: the _Profile while profiling
 
     def _compile(self, profile: bool = False) -> _Compiled:
         return _Compiled(self._model, self._options, self.precision, str(self._path), profile,
                          known_inputs=[port.any_name for port in self._model.inputs])
 
     def run(self, feeds: Mapping[str, np.ndarray], output_names: Sequence[str]) -> list[np.ndarray]:
-        with self._lock:
-            current = self._current
+        with self._swap.lock:
+            current = self._swap.serving
             current.check(feeds, output_names)
             try:
                 held = {name: _shareable(array) for name, array in feeds.items()}  # alive until the run ends
@@ -335,33 +332,30 @@ class OvEngine(Engine):
                 t0 = time.monotonic_ns()
                 current.request.infer()
                 t1 = time.monotonic_ns()
-                if self._profile is not None:
-                    self._profile.record(t0, t1)
+                if self._swap.state is not None:
+                    self._swap.state.record(t0, t1)
                 return current.fetch(output_names)
             except Exception as exc:
                 raise EngineRunError(f"{type(exc).__name__}: {_message(exc)}") from None
 
     def start_profiling(self, prefix: Path) -> None:
         profiled = self._compile(profile=True)  # compiled before the swap: requests keep running meanwhile
-        with self._lock:
-            if self._plain is None:
-                self._plain, self._current = self._current, profiled
-                self._profile = _Profile(_profile_file(prefix), time.monotonic_ns(), profiled)
+        self._swap.start(profiled, lambda twin: _Profile(_profile_file(prefix), time.monotonic_ns(), twin))
 
     def stop_profiling(self) -> list[ProfiledSession]:
-        with self._lock:
-            if self._plain is None:
-                return []
-            self._current, self._plain = self._plain, None
-            profile, self._profile = self._profile, None
+        swapped = self._swap.stop()
+        if swapped is None:
+            return []
+        _, profile = swapped
         file, nodes = profile.write()
         return [ProfiledSession(file, "dynamic", "dynamic", profile.start_ns, node_order=nodes)]
 
     def describe(self) -> str:
-        return _describe(self._current, self.precision, "")
+        return _describe(self._swap.serving, self.precision, "")
 
     def close(self) -> None:
-        self._current = self._plain = None
+        self._swap.close()
+        self._swap.serving = None
         self._model = None
 
 
@@ -447,18 +441,16 @@ class OvStaticEngine(Engine):
         else:
             self._models = [_reshaped(_read(g.model.SerializeToString(), f"the static graph for {dict(g.shapes)}"),
                                       g.shapes, f"the static graph for {dict(g.shapes)}") for g in self._graphs]
-        self._lock = threading.Lock()  # a run and a swap (profiling on/off) never overlap
-        self._by_shape = self._build()
+        # one bucket per compiled shape; state: their _Profile by key while profiling
+        self._swap: ProfilingSwap[dict[tuple, _Bucket]] = ProfilingSwap(self._build())
         for graph in self._graphs:
-            bucket = self._by_shape[_key(graph.shapes)]
+            bucket = self._swap.serving[_key(graph.shapes)]
             # zeros where an input's values decide a shape may be no input at all (Col2Im: SIGFPE on a zero block)
             for _ in range(0 if reads_shape_values(graph.model) else warmup_runs):
                 try:
                     bucket.run({n: np.zeros_like(b) for n, b in bucket.buffers.items()}, bucket.output_names, None)
                 except Exception:  # noqa: BLE001 - zeros are not a valid input for every model (Resize scales, ...)
                     break
-        self._plain: dict[tuple, _Bucket] | None = None
-        self._profiles: dict[tuple, _Profile] | None = None
 
     def _build(self, profile: bool = False) -> dict[tuple, _Bucket]:
         return {
@@ -468,36 +460,32 @@ class OvStaticEngine(Engine):
         }
 
     def run(self, feeds: Mapping[str, np.ndarray], output_names: Sequence[str]) -> list[np.ndarray]:
-        with self._lock:
+        with self._swap.lock:
             key = _key({n: a.shape for n, a in feeds.items()})
-            bucket = self._by_shape.get(key)
+            bucket = self._swap.serving.get(key)
             if bucket is None:
                 sent = {n: list(a.shape) for n, a in feeds.items()}
                 compiled = [{n: list(s) for n, s in g.shapes.items()} for g in self._graphs]
                 raise EngineInputError(f"no static graph was compiled for input shapes {sent}; compiled: {compiled}")
             bucket.compiled.check(feeds, output_names)
             try:
-                return bucket.run(feeds, output_names, self._profiles[key] if self._profiles else None)
+                return bucket.run(feeds, output_names, self._swap.state[key] if self._swap.state else None)
             except Exception as exc:
                 raise EngineRunError(f"{type(exc).__name__}: {_message(exc)}") from None
 
     def start_profiling(self, prefix: Path) -> None:
-        profiled = self._build(profile=True)  # compiled before the swap: requests keep running meanwhile
-        with self._lock:
-            if self._plain is None:
-                self._plain, self._by_shape = self._by_shape, profiled
-                start = time.monotonic_ns()
-                self._profiles = {
-                    _key(g.shapes): _Profile(_profile_file(Path(f"{prefix}-static{i}")), start, profiled[_key(g.shapes)].compiled)
-                    for i, g in enumerate(self._graphs, start=1)
-                }
+        def profiles(profiled: dict[tuple, _Bucket]) -> dict[tuple, _Profile]:
+            start = time.monotonic_ns()
+            return {_key(g.shapes): _Profile(_profile_file(Path(f"{prefix}-static{i}")), start, profiled[_key(g.shapes)].compiled)
+                    for i, g in enumerate(self._graphs, start=1)}
+
+        self._swap.start(self._build(profile=True), profiles)
 
     def stop_profiling(self) -> list[ProfiledSession]:
-        with self._lock:
-            if self._plain is None:
-                return []
-            self._by_shape, self._plain = self._plain, None
-            profiles, self._profiles = self._profiles, None
+        swapped = self._swap.stop()
+        if swapped is None:
+            return []
+        _, profiles = swapped
         sessions = []
         for graph in self._graphs:
             file, nodes = profiles[_key(graph.shapes)].write()
@@ -507,13 +495,13 @@ class OvStaticEngine(Engine):
         return sessions
 
     def describe(self) -> str:
-        first = next(iter(self._by_shape.values())).compiled
+        first = next(iter(self._swap.serving.values())).compiled
         held = "constants shared, repacked weights per shape" if self._shared_source else "weights held per shape"
-        return _describe(first, self.precision, f" static graph, {len(self._by_shape)} compiled shape(s), {held}")
+        return _describe(first, self.precision, f" static graph, {len(self._swap.serving)} compiled shape(s), {held}")
 
     def close(self) -> None:
-        self._by_shape.clear()
-        self._plain = None
+        self._swap.close()
+        self._swap.serving.clear()
         self._models = []
 
 
