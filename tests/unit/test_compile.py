@@ -291,7 +291,7 @@ def test_host_ops_lists_cpu_nodes_from_the_placement(monkeypatch):
             return self._nodes
 
     class FakeSession:
-        def __init__(self, model, options, providers):
+        def __init__(self, model, sess_options=None, providers=None, disabled_optimizers=None):
             assert providers == ["FakeExecutionProvider", "CPUExecutionProvider"]
 
         def get_providers(self):

@@ -263,9 +263,9 @@ def _row(concurrency: int, lat_us: np.ndarray, seconds: float) -> PerfRow:
 
 def accuracy(ceiling: Ceiling, model_path: Path, feeds: Mapping[str, np.ndarray]) -> dict:
     """Cosine similarity and max-abs-diff of the scenario's outputs to a plain fp32 onnxruntime session."""
-    import onnxruntime as ort
+    from gebackend.engines.onnxruntime import open_session
 
-    session = ort.InferenceSession(str(model_path), providers=["CPUExecutionProvider"])
+    session = open_session(model_path, None)  # onnxruntime's defaults, errors only in the log
     names = [o.name for o in session.get_outputs()]
     reference = dict(zip(names, session.run(names, dict(feeds))))
     got = ceiling.executors[0].execute([{k: v[i:i + 1] for k, v in feeds.items()}

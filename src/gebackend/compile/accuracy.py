@@ -141,15 +141,10 @@ def _random(name: str, shape: tuple[int, ...], dtype: np.dtype, rng: np.random.G
 
 
 def _session(model: ModelSource, providers: Sequence):
-    import onnxruntime as ort
+    from gebackend.engines.onnxruntime import internal_options, open_session
 
-    so = ort.SessionOptions()
-    so.log_severity_level = 3
-    so.intra_op_num_threads = len(os.sched_getaffinity(0))  # explicit: ORT's default pins its own threads
-    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    source = model.SerializeToString() if isinstance(model, onnx.ModelProto) else (
-        model if isinstance(model, bytes) else str(model))
-    return ort.InferenceSession(source, sess_options=so, providers=list(providers))
+    # threads explicit: ORT's default pins its own threads
+    return open_session(model, internal_options(threads=len(os.sched_getaffinity(0)), spinning=False), providers)
 
 
 def compare(name: str, reference: np.ndarray, lowered: np.ndarray) -> OutputAccuracy:

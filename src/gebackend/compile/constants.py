@@ -196,12 +196,9 @@ def _evaluate(model: onnx.ModelProto, outputs: Sequence[str], types: Mapping[str
     """Compute `outputs` with onnxruntime, falling back to onnx's reference evaluator."""
     sub = _evaluation_model(model, outputs, types)
     try:
-        import onnxruntime as ort
+        from gebackend.engines.onnxruntime import internal_options, open_session
 
-        options = ort.SessionOptions()
-        options.log_severity_level = 3
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-        session = ort.InferenceSession(sub.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        session = open_session(sub, internal_options(optimize=False))
         return dict(zip(outputs, session.run(list(outputs), {})))
     except Exception:  # noqa: BLE001 - try the reference evaluator instead
         from onnx.reference import ReferenceEvaluator

@@ -205,12 +205,10 @@ def host_ops(model: onnx.ModelProto, providers: Sequence[str] | None = None) -> 
         accelerators = [p for p in candidates if p in available and p not in _HOST_PROVIDERS]
         if not accelerators:
             return None, "no accelerator execution provider available"
-        options = ort.SessionOptions()
-        options.log_severity_level = 3
-        options.add_session_config_entry("session.record_ep_graph_assignment_info", "1")
-        session = ort.InferenceSession(
-            model.SerializeToString(), options, providers=[accelerators[0], "CPUExecutionProvider"]
-        )
+        from gebackend.engines.onnxruntime import internal_options, open_session
+
+        session = open_session(model, internal_options(config={"session.record_ep_graph_assignment_info": "1"}),
+                               [accelerators[0], "CPUExecutionProvider"])
         if accelerators[0] not in session.get_providers():
             # onnxruntime falls back to the CPU alone when a provider fails to start; that is no placement.
             return None, f"could not place the model on an accelerator: {accelerators[0]} did not start"

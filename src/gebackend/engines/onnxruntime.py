@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 from onnxruntime.capi import onnxruntime_pybind11_state as ort_state
 
@@ -67,6 +68,34 @@ def session_options(options: BackendOptions) -> ort.SessionOptions:
     return so
 
 
+def open_session(source, so: ort.SessionOptions | None = None, providers: Sequence = ("CPUExecutionProvider",),
+                 disabled: Sequence[str] = ()) -> ort.InferenceSession:
+    """The one place an ONNX Runtime session is made: `source` is a path, serialized bytes or a ModelProto."""
+    if isinstance(source, onnx.ModelProto):
+        source = source.SerializeToString()
+    elif not isinstance(source, bytes):
+        source = str(source)
+    return ort.InferenceSession(source, sess_options=so if so is not None else internal_options(),
+                                providers=list(providers), disabled_optimizers=list(disabled))
+
+
+def internal_options(optimize: bool = True, threads: int | None = None, spinning: bool | None = None,
+                     config: Mapping[str, str] | None = None) -> ort.SessionOptions:
+    """Session options for gebackend's own runs (constant evaluation, the doctor, dumps, accuracy checks): errors
+    only in the log; `optimize=False` runs the graph as written; `threads`/`spinning` when the caller decides them."""
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    if not optimize:
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    if threads is not None:
+        so.intra_op_num_threads = threads
+    if spinning is not None:
+        so.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
+    for key, value in (config or {}).items():
+        so.add_session_config_entry(key, value)
+    return so
+
+
 def describe_tuning(options: BackendOptions, disabled: Sequence[str]) -> str:
     """The tuning part of an engine's load line: spinning, disabled optimizers and where they come from."""
     text = f" allow_spinning={options.allow_spinning}" if options.allow_spinning != "auto" else ""
@@ -92,8 +121,7 @@ class OrtEngine(Engine):
             so.enable_profiling = True
             so.profile_file_prefix = str(profile_prefix)
         try:
-            return ort.InferenceSession(str(self._path), sess_options=so, providers=self._providers,
-                                        disabled_optimizers=self._disabled)
+            return open_session(self._path, so, self._providers, self._disabled)
         except Exception as exc:
             raise ModelLoadError(f"ONNX Runtime cannot load {self._path}: {exc}") from None
 

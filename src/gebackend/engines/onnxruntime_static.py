@@ -46,7 +46,7 @@ from gebackend.engines.base import (
     monotonic_from_wall_ns,
     profiled_node_names,
 )
-from gebackend.engines.onnxruntime import describe_tuning, disabled_optimizers, session_options
+from gebackend.engines.onnxruntime import describe_tuning, disabled_optimizers, open_session, session_options
 from gebackend.errors import ModelLoadError
 
 SHARE_MIN_BYTES = 1024  # smaller initializers are not worth sharing
@@ -303,8 +303,7 @@ class OrtStaticEngine(Engine):
         if self._options.enable_cuda_graph and profile_prefix is None and graph.fully_static:
             providers = [_with_graph_capture(p) for p in providers]
         try:
-            session = ort.InferenceSession(str(graph.path), sess_options=so, providers=providers,
-                                           disabled_optimizers=self._disabled)
+            session = open_session(graph.path, so, providers, self._disabled)
         except Exception as exc:
             raise ModelLoadError(f"ONNX Runtime cannot build the static graph for {dict(graph.shapes)}: {exc}") from None
         return _Bound(session, graph, self.device)

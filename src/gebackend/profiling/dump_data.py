@@ -50,14 +50,11 @@ def exposed_model(model):
 def run_everything(model_path: str | Path, feeds: Mapping[str, np.ndarray]) -> tuple[Any, dict[str, np.ndarray]]:
     """The model and the value of every graph input and node output for `feeds`."""
     import onnx
-    import onnxruntime as ort
+
+    from gebackend.engines.onnxruntime import internal_options, open_session
 
     model = onnx.load(str(model_path))
-    exposed = exposed_model(model)
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    options.log_severity_level = 3
-    session = ort.InferenceSession(exposed.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    session = open_session(exposed_model(model), internal_options(optimize=False))
     names = [o.name for o in session.get_outputs()]
     values = dict(zip(names, session.run(names, dict(feeds))))
     values.update({k: np.asarray(v) for k, v in feeds.items()})
