@@ -287,7 +287,7 @@ def test_analyze_bf16_on_openvino_reports_its_accuracy_and_what_ran(models, caps
     """On a CPU with BF16 the bf16 outputs move a little from fp32; on one without (AVX2-only), OpenVINO runs f32:
     the outputs equal fp32's and the report says so."""
     pytest.importorskip("openvino")
-    from gebackend.engines.cpu import openvino_capabilities
+    from gebackend.engines.openvino import openvino_capabilities
 
     assert main(["analyze", str(models["bert"]), "--precision", "bf16", "--engine", "openvino"]) == 0
     out = capsys.readouterr().out

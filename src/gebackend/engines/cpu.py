@@ -1,5 +1,5 @@
-"""What this CPU can run: its model name and instruction-set flags, OpenVINO's capabilities on it, and the
-precision a `precision_mode` really runs at here.
+"""What this CPU can run: its model name and instruction-set flags, and the precision a `precision_mode` really
+runs at here (each engine says, through engines/registry.py; OpenVINO asks its CPU plugin's capabilities).
 
 CPUs differ between machines (an Intel with AVX-512, BF16 and AMX; an AMD with AVX2 only, where OpenVINO
 reports `FP32, INT8`), so nothing downstream assumes a feature: it asks here, and every report that asked
@@ -58,15 +58,6 @@ def describe() -> str:
     """This CPU in one line: its model and the ISA flags that matter for inference."""
     have = [f for f in ISA_FLAGS if f in flags()]
     return f"{model_name()} [{' '.join(have) or 'no AVX2'}]"
-
-
-def openvino_capabilities() -> tuple[str, ...]:
-    """OpenVINO's OPTIMIZATION_CAPABILITIES of the CPU device (`FP32`, `INT8`, `BF16`, `FP16`, ...); () without OpenVINO."""
-    try:
-        from gebackend.engines.openvino import openvino_capabilities as read
-    except ImportError:
-        return ()
-    return read()
 
 
 def fallback_note(requested: str, missing: str, ran: str) -> str:
