@@ -55,6 +55,16 @@ def profiled_node_names(profile_file: Path) -> list[str]:
     return list(dict.fromkeys(names))
 
 
+def warm_up(run_once: Callable[[], Any], times: int) -> None:
+    """Run a compiled graph `times` times on zeros before it serves. Best effort: zeros are not a valid input for
+    every model (Resize scales, a token-id table), so the first failure ends the warm-up, silently."""
+    for _ in range(times):
+        try:
+            run_once()
+        except Exception:  # noqa: BLE001
+            break
+
+
 Serving = TypeVar("Serving")
 
 

@@ -45,6 +45,7 @@ from gebackend.engines.base import (
     ProfilingSwap,
     monotonic_from_wall_ns,
     profiled_node_names,
+    warm_up,
 )
 from gebackend.engines.onnxruntime import describe_tuning, disabled_optimizers, open_session, session_options
 from gebackend.errors import ModelLoadError
@@ -152,6 +153,11 @@ class _Bound:
                 value = np.empty(shape, dtype=dtype)
                 self.binding.bind_output(meta.name, "cpu", 0, dtype, shape, value.ctypes.data)
             self.outputs[meta.name] = value
+        self._runtime = self._runtime_outputs()
+
+    def _runtime_outputs(self) -> list[tuple[str, int]]:
+        """The outputs allocated per run (their shape known only then), with their position among the outputs."""
+        return [(name, self.output_order.index(name)) for name, value in self.outputs.items() if value is None]
 
     def run(self, feeds: Mapping[str, np.ndarray], output_names: Sequence[str], options: ort.RunOptions | None = None) -> list[np.ndarray]:
         if self.plain:
@@ -161,15 +167,14 @@ class _Bound:
                 value.update_inplace(np.ascontiguousarray(feeds[name]))
             else:
                 np.copyto(value, feeds[name])
-        runtime = [n for n, v in self.outputs.items() if v is None]
-        for name in runtime:  # unallocated again: the binding still holds the last run's value
+        for name, _ in self._runtime:  # unallocated again: the binding still holds the last run's value
             self.binding.bind_output(name, self.device)
         self.session.run_with_iobinding(self.binding, options)
         fetched = {}
-        if runtime:
+        if self._runtime:
             values = self.binding.get_outputs()
-            for name in runtime:
-                fetched[name] = values[self.output_order.index(name)].numpy()
+            for name, position in self._runtime:
+                fetched[name] = values[position].numpy()
         result = []
         for name in output_names:
             value = self.outputs[name]
@@ -190,6 +195,7 @@ class _Bound:
             if isinstance(value, np.ndarray) and value.shape != np.shape(array):
                 self.outputs[name] = None
                 self.binding.bind_output(name, self.device)
+        self._runtime = self._runtime_outputs()
 
 
 _ORT_TYPES = {
@@ -245,12 +251,9 @@ class OrtStaticEngine(Engine):
             self._swap.serving[self._key(graph.shapes)] = bound
             quiet = ort.RunOptions()
             quiet.log_severity_level = 4  # a warm-up failing on zeros is no error worth a log line
-            for _ in range(warmup_runs + (1 if self.device == "cuda" else 0) if graph.warm_up else 0):
-                try:
-                    bound.run({n: v.copy() if isinstance(v, np.ndarray) else v.numpy() for n, v in bound.inputs.items()},  # zeros
-                              bound.output_order, quiet)
-                except Exception:  # noqa: BLE001 - zeros are not a valid input for every model
-                    break
+            warm_up(lambda: bound.run({n: v.copy() if isinstance(v, np.ndarray) else v.numpy() for n, v in bound.inputs.items()},
+                                      bound.output_order, quiet),
+                    warmup_runs + (1 if self.device == "cuda" else 0) if graph.warm_up else 0)
 
     def _prepare(self, number: int, graph: CompiledGraph) -> _Prepared:
         """Hold the graph's weights (once across graphs), write the graph to a file, keep its metadata."""

@@ -57,7 +57,7 @@ import openvino.properties.hint as hints
 
 from gebackend.compile.runtime_shapes import reads_shape_values
 from gebackend.config.options import BackendOptions
-from gebackend.engines.base import Engine, EngineInputError, EngineRunError, ProfiledSession, ProfilingSwap
+from gebackend.engines.base import Engine, EngineInputError, EngineRunError, ProfiledSession, ProfilingSwap, warm_up
 from gebackend.engines.cpu import PrecisionRun, fallback_note
 from gebackend.engines.registry import EngineKind
 from gebackend.errors import ModelLoadError
@@ -446,11 +446,8 @@ class OvStaticEngine(Engine):
         for graph in self._graphs:
             bucket = self._swap.serving[_key(graph.shapes)]
             # zeros where an input's values decide a shape may be no input at all (Col2Im: SIGFPE on a zero block)
-            for _ in range(0 if reads_shape_values(graph.model) else warmup_runs):
-                try:
-                    bucket.run({n: np.zeros_like(b) for n, b in bucket.buffers.items()}, bucket.output_names, None)
-                except Exception:  # noqa: BLE001 - zeros are not a valid input for every model (Resize scales, ...)
-                    break
+            warm_up(lambda: bucket.run({n: np.zeros_like(b) for n, b in bucket.buffers.items()}, bucket.output_names, None),
+                    0 if reads_shape_values(graph.model) else warmup_runs)
 
     def _build(self, profile: bool = False) -> dict[tuple, _Bucket]:
         return {
