@@ -49,7 +49,8 @@ import gebackend.engines.onnxruntime_static as static_module
 from gebackend.compile.pipeline import compile_static
 from gebackend.config.options import BackendOptions
 from gebackend.engines.onnxruntime import OrtEngine
-from gebackend.engines.onnxruntime_static import SHARE_MIN_BYTES, CompiledGraph, OrtStaticEngine
+from gebackend.compile.graph import CompiledGraph
+from gebackend.engines.onnxruntime_static import SHARE_MIN_BYTES, OrtStaticEngine
 from gebackend.modelzoo import build_add_mul, build_bert, build_resnet
 
 Feeds = dict[str, np.ndarray]

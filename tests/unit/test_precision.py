@@ -20,7 +20,8 @@ from gebackend.config.onnx_signature import signature_of
 from gebackend.config.options import BackendOptions, parse_options
 from gebackend.config.spec import build_model_spec
 from gebackend.engines.onnxruntime import OrtEngine, disabled_optimizers
-from gebackend.engines.onnxruntime_static import OrtStaticEngine, dim_overrides
+from gebackend.compile.graph import dim_overrides
+from gebackend.engines.onnxruntime_static import OrtStaticEngine
 from gebackend.errors import ModelLoadError
 from gebackend.modelzoo import build_add_mul, build_bert, build_resnet
 from gebackend.runtime.loader import load_executor

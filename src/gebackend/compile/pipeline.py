@@ -15,7 +15,7 @@ import onnx
 
 from gebackend.compile.doctor import DoctorReport, analyze
 from gebackend.compile.passes import compile_graph, reason
-from gebackend.engines.onnxruntime_static import CompiledGraph
+from gebackend.compile.graph import CompiledGraph
 from gebackend.errors import ConfigError, ModelLoadError
 
 Shapes = Mapping[str, Sequence[int]]

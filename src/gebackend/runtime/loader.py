@@ -124,7 +124,7 @@ def _static_engine(spec: ModelSpec, providers: Sequence, log: Callable[[str], No
     """Compile every shape of a static spec through the passes, log the doctor's report, build the engine."""
     from gebackend.compile.pipeline import compile_static
     from gebackend.config.onnx_signature import read_signature
-    from gebackend.engines.onnxruntime_static import dim_overrides
+    from gebackend.compile.graph import dim_overrides
 
     graphs, report = compile_static(spec.path, spec.static_shapes, spec.options.fold_size_limit, log)
     original = [(t.name, t.shape) for t in read_signature(spec.path).inputs]
