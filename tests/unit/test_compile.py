@@ -430,3 +430,21 @@ def test_fix_upgrades_an_opset6_file_then_folds():
     assert upgrade.default_opset(fixed) == 7 and removed == 0
     x = np.ones((2, 3), np.float32)
     np.testing.assert_allclose(_run(fixed, {"x": x})[0], np.maximum(x + np.arange(6).reshape(2, 3) - 2, 0))
+
+
+def test_the_pipeline_fills_what_the_static_engines_need_of_each_graph(tmp_path, bert):
+    from gebackend.compile.pipeline import compile_static
+
+    path = tmp_path / "bert.onnx"
+    onnx.save(bert, str(path))
+    shapes = [{"input_ids": (1, 16), "attention_mask": (1, 16)}, {"input_ids": (4, 32), "attention_mask": (4, 32)}]
+    graphs, report = compile_static(path, shapes, None)
+    assert [dict(g.dim_overrides) for g in graphs] == [{"batch": 1, "sequence": 16}, {"batch": 4, "sequence": 32}]
+    for graph in graphs:
+        assert graph.fully_static and not graph.runtime_outputs and not graph.reads_shape_values
+        assert len(graph.static_nodes) == len(graph.model.graph.node)
+    nonzero = tmp_path / "nonzero.onnx"
+    onnx.save(build_nonzero(), str(nonzero))
+    (graph,), _ = compile_static(nonzero, [{"x": (2, 4)}], None)
+    assert graph.runtime_outputs == {"indices"} and not graph.fully_static
+    assert graph.dim_overrides == {"batch": 2}  # the nonzero model names its dim 0

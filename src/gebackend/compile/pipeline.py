@@ -1,6 +1,8 @@
 """Compiles a model for static graph mode: one graph per compiled shape through the passes, and the doctor's report.
 
-Each shape set goes through `passes.compile_graph` (specialise, upgrade, fold). A pass that fails on the
+Each shape set goes through `passes.compile_graph` (specialise, upgrade, fold) and becomes a `CompiledGraph`
+(`graph.py`) with the original file's named dims at that shape and the graph's analysis, so the engines take
+what they need from it. A pass that fails on the
 model is skipped and said once in the load log, as a WARNING naming the pass and the reason; the model
 still loads. The graph doctor's report is best-effort too: if it fails, the log says so and the load goes on.
 """
@@ -15,7 +17,7 @@ import onnx
 
 from gebackend.compile.doctor import DoctorReport, analyze
 from gebackend.compile.passes import compile_graph, reason
-from gebackend.compile.graph import CompiledGraph
+from gebackend.compile.graph import CompiledGraph, dim_overrides, signature_dims
 from gebackend.errors import ConfigError, ModelLoadError
 
 Shapes = Mapping[str, Sequence[int]]
@@ -48,10 +50,11 @@ def compile_static(
 
     graphs = []
     weights = frozenset(init.name for init in base.graph.initializer)
+    signature = signature_dims(base)
     for number, shapes in enumerate(shape_sets, start=1):
         started = time.perf_counter()
         model = compile_graph(base, shapes, size_limit, warn)
-        graphs.append(CompiledGraph(dict(shapes), model, source_weights=weights))
+        graphs.append(CompiledGraph(dict(shapes), model, dim_overrides=dim_overrides(signature, shapes), source_weights=weights))
         log(f"compiled static graph {number}/{len(shape_sets)} [{_fmt(shapes)}]: "
             f"{len(model.graph.node)} nodes in {time.perf_counter() - started:.2f}s")
     notes = [f"pass '{name}' skipped: {why}" for name, why in skipped.items()]

@@ -223,9 +223,6 @@ class OrtStaticEngine(Engine):
 
     def _prepare(self, number: int, graph: CompiledGraph) -> _Prepared:
         """Hold the graph's weights (once across graphs), write the graph to a file, keep its metadata."""
-        from gebackend.compile.doctor import static_node_names
-        from gebackend.compile.runtime_shapes import reads_shape_values, runtime_shaped_outputs
-
         shared: dict[str, str] = {}
         for init in graph.model.graph.initializer:
             if init.ByteSize() < SHARE_MIN_BYTES or (graph.source_weights is not None and init.name not in graph.source_weights):
@@ -245,18 +242,17 @@ class OrtStaticEngine(Engine):
             shared[init.name] = key
         path = self._workdir / f"static{number}.onnx"
         onnx.save(graph.model, str(path))
-        runtime = runtime_shaped_outputs(graph.model)
-        static_nodes = static_node_names(graph.model)
         return _Prepared(
             shapes=dict(graph.shapes),
             path=path,
             dim_overrides=dict(graph.dim_overrides),
             shared=shared,
-            output_shapes={v.name: None if v.name in runtime else _static_shape(v) for v in graph.model.graph.output},
+            output_shapes={v.name: None if v.name in graph.runtime_outputs else _static_shape(v)
+                           for v in graph.model.graph.output},
             node_order=[n.name for n in graph.model.graph.node],
-            static_nodes=static_nodes,
-            fully_static=not runtime and len(static_nodes) == len(graph.model.graph.node),
-            warm_up=not reads_shape_values(graph.model),
+            static_nodes=list(graph.static_nodes),
+            fully_static=graph.fully_static,
+            warm_up=not graph.reads_shape_values,
         )
 
     def _build(self, graph: _Prepared, profile_prefix: Path | None = None) -> _Bound:

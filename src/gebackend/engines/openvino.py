@@ -55,7 +55,6 @@ import openvino as ov
 import openvino.properties as props
 import openvino.properties.hint as hints
 
-from gebackend.compile.runtime_shapes import reads_shape_values
 from gebackend.config.options import BackendOptions
 from gebackend.engines.base import Engine, EngineInputError, EngineRunError, ProfiledSession, ProfilingSwap, warm_up
 from gebackend.engines.cpu import PrecisionRun, fallback_note
@@ -447,7 +446,7 @@ class OvStaticEngine(Engine):
             bucket = self._swap.serving[_key(graph.shapes)]
             # zeros where an input's values decide a shape may be no input at all (Col2Im: SIGFPE on a zero block)
             warm_up(lambda: bucket.run({n: np.zeros_like(b) for n, b in bucket.buffers.items()}, bucket.output_names, None),
-                    0 if reads_shape_values(graph.model) else warmup_runs)
+                    0 if graph.reads_shape_values else warmup_runs)
 
     def _build(self, profile: bool = False) -> dict[tuple, _Bucket]:
         return {

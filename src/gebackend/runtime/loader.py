@@ -123,13 +123,8 @@ def _static_executor(spec: ModelSpec, providers: Sequence, log: Callable[[str], 
 def _static_engine(spec: ModelSpec, providers: Sequence, log: Callable[[str], None]):
     """Compile every shape of a static spec through the passes, log the doctor's report, build the engine."""
     from gebackend.compile.pipeline import compile_static
-    from gebackend.config.onnx_signature import read_signature
-    from gebackend.compile.graph import dim_overrides
 
     graphs, report = compile_static(spec.path, spec.static_shapes, spec.options.fold_size_limit, log)
-    original = [(t.name, t.shape) for t in read_signature(spec.path).inputs]
-    for graph in graphs:
-        graph.dim_overrides = dim_overrides(original, graph.shapes)
     if spec.options.dump_graph:
         _dump(spec, graphs, log)
     if report is not None:
