@@ -10,7 +10,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from gebackend.compile import doctor, passes, upgrade
+from gebackend.compile import doctor, fold, passes, upgrade
 from gebackend.compile.doctor import analyze, fix
 from gebackend.compile.fold import fold_constants
 from gebackend.compile.runtime_shapes import reads_shape_values, runtime_shaped, runtime_shaped_outputs
@@ -419,7 +419,7 @@ def test_doctor_lists_outputs_with_a_runtime_shape_and_skipped_passes(monkeypatc
     assert ("outputs with a runtime shape (allocated on every run, not bound once): indices (NonZero 'nz': "
             "data-dependent output shape)") in report.format_text()
     assert json.loads(json.dumps(report.to_dict()))["runtime_outputs"] == report.runtime_outputs
-    monkeypatch.setattr(passes, "fold_constants", lambda model, limit: 1 / 0)
+    monkeypatch.setattr(fold, "fold_constants", lambda model, limit: 1 / 0)
     broken = analyze(build_mod_constant(), {"x": [2, 4]})
     assert broken.notes == ["pass 'fold' skipped: onnxslim failed: ZeroDivisionError: division by zero; the graph is not folded"]
     assert broken.node_count == 3
@@ -448,3 +448,34 @@ def test_the_pipeline_fills_what_the_static_engines_need_of_each_graph(tmp_path,
     (graph,), _ = compile_static(nonzero, [{"x": (2, 4)}], None)
     assert graph.runtime_outputs == {"indices"} and not graph.fully_static
     assert graph.dim_overrides == {"batch": 2}  # the nonzero model names its dim 0
+
+
+def test_one_registered_pass_list_is_what_the_load_and_the_doctor_run(monkeypatch):
+    from gebackend.compile.graph_pass import GraphPass, PassSkipped
+
+    assert [p.name for p in passes.PASSES] == ["specialise", "upgrade", "fold"]
+    ran = []
+
+    class Marks(GraphPass):
+        name = "mark"
+
+        def run(self, model, context):
+            ran.append(dict(context.shapes or {}))
+            marked = onnx.ModelProto()
+            marked.CopyFrom(model)
+            marked.doc_string = "marked"
+            return marked
+
+    class Refuses(GraphPass):
+        name = "refuse"
+
+        def run(self, model, context):
+            raise PassSkipped("not for this model")
+
+    monkeypatch.setattr(passes, "PASSES", passes.PASSES + (Marks(), Refuses()))
+    said = []
+    compiled = passes.compile_graph(build_mod_constant(), {"x": [2, 4]}, 1 << 20, lambda n, why: said.append((n, why)))
+    assert compiled.doc_string == "marked" and ran == [{"x": [2, 4]}]
+    assert said == [("refuse", "not for this model")]
+    report = analyze(build_mod_constant(), {"x": [2, 4]})  # the doctor runs the same list
+    assert len(ran) == 2 and report.notes == ["pass 'refuse' skipped: not for this model"]

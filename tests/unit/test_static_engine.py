@@ -231,12 +231,12 @@ def test_an_old_opset_model_serves_static_as_dynamic(opset, tmp_path):
 
 
 def test_a_failing_fold_is_skipped_with_one_warning_and_the_model_serves(tmp_path, monkeypatch):
-    from gebackend.compile import passes
+    from gebackend.compile import fold
 
     def broken(model, size_limit):
         raise AttributeError("'NoneType' object has no attribute 'opset_import'")
 
-    monkeypatch.setattr(passes, "fold_constants", broken)
+    monkeypatch.setattr(fold, "fold_constants", broken)
     path = tmp_path / "model.onnx"
     onnx.save(build_resnet(), str(path))
     static, log = _served(path, static=True, max_batch_size=4)  # batch buckets 1, 2, 4: three graphs

@@ -14,6 +14,9 @@ import logging
 
 import onnx
 
+from gebackend.compile import upgrade
+from gebackend.compile.graph_pass import GraphPass, PassContext, PassSkipped, reason
+
 # Fusion invents (custom) op types; common-subexpression elimination merges nodes whose weights are equal
 # by value (dropping one of two equal initializers); weight tying renames shared initializers.
 _SKIP = ["graph_fusion", "subexpression_elimination", "weight_tying"]
@@ -90,3 +93,25 @@ def fold_constants(model: onnx.ModelProto, size_limit: int | None = 1 << 20) -> 
     if slimmed.ByteSize() < onnx.checker.MAXIMUM_PROTOBUF:  # the checker cannot take a larger proto
         onnx.checker.check_model(slimmed)
     return slimmed
+
+
+class FoldPass(GraphPass):
+    """Constant folding under the size limit, on a graph onnxslim can read (an ai.onnx opset >= 7)."""
+
+    name = "fold"
+
+    def run(self, model: onnx.ModelProto, context: PassContext) -> onnx.ModelProto:
+        opset = upgrade.default_opset(model)
+        if opset is None:
+            raise PassSkipped("the model imports no ai.onnx opset (only " + ", ".join(sorted({o.domain for o in model.opset_import}))
+                              + "), which onnxslim's shape inference needs; the graph is not folded")
+        if opset < upgrade.MIN_FOLD_OPSET:
+            raise PassSkipped(f"onnxslim needs opset >= {upgrade.MIN_FOLD_OPSET} and the model has opset {opset}; "
+                              f"the graph is not folded")
+        return fold_constants(model, context.size_limit)
+
+    def explain(self, exc: BaseException) -> str:
+        return reason(exc, "onnxslim failed: ") + "; the graph is not folded"
+
+
+PASS = FoldPass()

@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 import onnx
 
+from gebackend.compile.graph_pass import GraphPass, PassContext
 from gebackend.errors import ConfigError
 
 Warn = Callable[[str, str], None]  # (pass, reason)
@@ -92,3 +93,18 @@ def describe_error(exc: BaseException) -> str:
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
     text = f"{type(exc).__name__}: {lines[0] if lines else 'no message'}"
     return text if len(text) <= 300 else text[:297] + "..."
+
+
+class SpecialisePass(GraphPass):
+    """Fix the input dims to the compiled shape (no shapes given: the pass does nothing)."""
+
+    name = "specialise"
+
+    def run(self, model: onnx.ModelProto, context: PassContext) -> onnx.ModelProto:
+        return specialize(model, context.shapes, context.warn) if context.shapes else model
+
+    def explain(self, exc: BaseException) -> str:
+        return describe_error(exc) + "; the graph keeps the model's own input dims"
+
+
+PASS = SpecialisePass()

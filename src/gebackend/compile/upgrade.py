@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import onnx
 
+from gebackend.compile.graph_pass import GraphPass, PassContext, reason
+
 MIN_FOLD_OPSET = 7
 
 
@@ -51,3 +53,27 @@ def upgrade_opset(model: onnx.ModelProto, target: int = MIN_FOLD_OPSET) -> onnx.
 
     converted = version_converter.convert_version(model, target)
     return raise_ir_version(converted)
+
+
+class UpgradePass(GraphPass):
+    """IR < 4 to IR 4 semantics, then opset < `MIN_FOLD_OPSET` to it; each step that fails is said and skipped."""
+
+    name = "upgrade"
+
+    def run(self, model: onnx.ModelProto, context: PassContext) -> onnx.ModelProto:
+        try:
+            model = raise_ir_version(model)
+        except Exception as exc:  # noqa: BLE001 - never a dependency's traceback as a load failure
+            context.warn(self.name, reason(exc, "raising the IR version failed: "))
+        if not needs_opset_upgrade(model):
+            return model
+        old = default_opset(model)
+        try:
+            return upgrade_opset(model)
+        except Exception as exc:  # noqa: BLE001 - an adapter onnx.version_converter lacks
+            context.warn(self.name, reason(exc, f"converting opset {old} to {MIN_FOLD_OPSET} with onnx.version_converter "
+                                                f"failed: ") + "; the graph keeps its opset")
+        return model
+
+
+PASS = UpgradePass()
