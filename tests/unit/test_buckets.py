@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gebackend.engines.base import Engine
+from gebackend.engines.base import Engine, EngineInputError, StaticEngine
 from gebackend.errors import InvalidRequest
 from gebackend.runtime.buckets import BucketRouter, Chunk
 from gebackend.runtime.runners import BucketRunner
@@ -80,17 +80,19 @@ def test_non_batching_model_single_bucket():
     assert router.plan({"x": (3, 3)}) is None
 
 
-class RowSum(Engine):
-    """A fake static engine: only runs shapes it was 'compiled' for; logits = per-row sum, repeated."""
+class RowSum(StaticEngine):
+    """A fake static engine: runs the bucket it is handed, whose shapes the feeds must have; logits = per-row sum."""
 
     def __init__(self, buckets):
-        self.shapes = {b["image"] for b in buckets}
+        super().__init__(buckets)
         self.calls = []
+        self.buckets_run = []
 
-    def run(self, feeds, output_names):
+    def run_bucket(self, bucket, feeds, output_names):
         shape = feeds["image"].shape
-        assert shape in self.shapes, shape
+        assert shape == self.bucket_shapes[bucket]["image"], (bucket, shape)
         self.calls.append(shape[0])
+        self.buckets_run.append(bucket)
         return [feeds["image"].reshape(shape[0], -1).sum(axis=1, keepdims=True).repeat(2, axis=1)]
 
 
@@ -101,6 +103,7 @@ def test_bucket_runner_pads_runs_and_slices_back():
     out = runner.run({"image": image})["logits"]
     np.testing.assert_allclose(out[:, 0], image.reshape(11, -1).sum(axis=1), rtol=1e-5)
     assert engine.calls == [8, 4]
+    assert [IMAGE_BUCKETS[b]["image"][0] for b in engine.buckets_run] == [8, 4]  # the router's buckets, by index
     assert runner.padded_rows == 1 and runner.rows == 12
     assert sum(runner.runs_per_bucket.values()) == 2
 
@@ -131,3 +134,13 @@ def test_plans_are_computed_once_per_request_shape():
     assert router.plan({"x": (3, 4)}) is first  # from the cache
     assert [(c.bucket, c.start, c.stop) for c in router.plan({"x": (1, 4)})] == [(0, 0, 1)]
     assert router.plan({"x": (3, 5)}) is None and router.plan({"x": (3, 5)}) is None
+
+
+def test_a_static_engine_run_without_a_router_finds_its_bucket_or_names_the_compiled_shapes():
+    engine = RowSum(IMAGE_BUCKETS)
+    image = np.ones((4, 3, 8, 8), np.float32)
+    np.testing.assert_allclose(engine.run({"image": image}, ["logits"])[0][:, 0], np.full(4, 192.0))
+    assert [IMAGE_BUCKETS[b]["image"] for b in engine.buckets_run] == [(4, 3, 8, 8)]
+    with pytest.raises(EngineInputError) as info:
+        engine.run({"image": np.ones((3, 3, 8, 8), np.float32)}, ["logits"])
+    assert "no static graph was compiled for input shapes {'image': [3, 3, 8, 8]}; compiled: [{'image': [1, 3, 8, 8]}" in str(info.value)

@@ -1,4 +1,9 @@
-"""The engine interface: something that runs a compiled ONNX graph on numpy feeds."""
+"""The engine interface: something that runs a compiled ONNX graph on numpy feeds.
+
+Also what every engine shares: the run lock and profiling-twin swap (`ProfilingSwap`), best-effort warm-up
+(`warm_up`), and for static graph mode the buckets (`StaticEngine`): graph i is the router's bucket i, a run
+names its bucket, and the "no static graph was compiled" error is said here once.
+"""
 
 from __future__ import annotations
 
@@ -127,3 +132,41 @@ class Engine(ABC):
 
     def close(self) -> None:
         """Release the engine's resources."""
+
+
+def bucket_label(shapes: Mapping[str, Sequence[int]]) -> str:
+    """How a compiled shape is named in logs and profiles: `static input_ids:4,32 attention_mask:4,32`."""
+    return "static " + " ".join(f"{n}:{','.join(map(str, s))}" for n, s in shapes.items())
+
+
+def _shape_key(shapes: Mapping[str, Sequence[int]]) -> tuple:
+    return tuple(sorted((name, tuple(int(d) for d in shape)) for name, shape in shapes.items()))
+
+
+class StaticEngine(Engine):
+    """Static graph mode: one compiled graph per bucket, bucket i being the i-th compiled shape.
+
+    The bucket router (`runtime/runners.py: BucketRunner`) has already chosen the bucket and padded the feeds to
+    its shapes, so it calls `run_bucket` with that index. `run` (callers without a router: accuracy checks,
+    benchmarks) finds the bucket by the feeds' exact shapes and refuses shapes no graph was compiled for.
+    """
+
+    def __init__(self, bucket_shapes: Sequence[Mapping[str, Sequence[int]]]):
+        self.bucket_shapes = [{n: tuple(int(d) for d in s) for n, s in shapes.items()} for shapes in bucket_shapes]
+        self._bucket_index = {_shape_key(shapes): i for i, shapes in enumerate(self.bucket_shapes)}
+
+    def bucket_of(self, feeds: Mapping[str, np.ndarray]) -> int:
+        """The bucket compiled for exactly these feeds' shapes; `EngineInputError` when there is none."""
+        index = self._bucket_index.get(_shape_key({n: a.shape for n, a in feeds.items()}))
+        if index is None:
+            sent = {n: list(a.shape) for n, a in feeds.items()}
+            compiled = [{n: list(s) for n, s in shapes.items()} for shapes in self.bucket_shapes]
+            raise EngineInputError(f"no static graph was compiled for input shapes {sent}; compiled: {compiled}")
+        return index
+
+    def run(self, feeds: Mapping[str, np.ndarray], output_names: Sequence[str]) -> list[np.ndarray]:
+        return self.run_bucket(self.bucket_of(feeds), feeds, output_names)
+
+    @abstractmethod
+    def run_bucket(self, bucket: int, feeds: Mapping[str, np.ndarray], output_names: Sequence[str]) -> list[np.ndarray]:
+        """Run bucket `bucket`'s graph on feeds of exactly its shapes; the outputs in the order of `output_names`."""

@@ -38,12 +38,13 @@ from onnx import numpy_helper
 
 from gebackend.config.options import BackendOptions
 from gebackend.engines.base import (
-    Engine,
     EngineInputError,
     EngineRunError,
     ProfiledSession,
     ProfilingSwap,
     monotonic_from_wall_ns,
+    StaticEngine,
+    bucket_label,
     profiled_node_names,
     warm_up,
 )
@@ -70,7 +71,7 @@ class _Prepared:
 
     @property
     def label(self) -> str:
-        return "static " + " ".join(f"{n}:{','.join(map(str, s))}" for n, s in self.shapes.items())
+        return bucket_label(self.shapes)
 
 
 def _static_shape(value: onnx.ValueInfoProto) -> tuple[int, ...] | None:
@@ -179,7 +180,7 @@ def _numpy_type(ort_type: str):
         raise ModelLoadError(f"static graph mode cannot bind a {ort_type} tensor; use dynamic graph mode") from None
 
 
-class OrtStaticEngine(Engine):
+class OrtStaticEngine(StaticEngine):
     name = "onnxruntime-static"
 
     def __init__(
@@ -191,6 +192,7 @@ class OrtStaticEngine(Engine):
         temp_parent: Path | None = None,
     ):
         """`temp_parent`: where to make the private folder of graph files (the system temp folder when None)."""
+        super().__init__([g.shapes for g in graphs])
         if options.allow_spinning == "auto" and len(graphs) > 1:
             # every session has its own thread pool; spinning pools of the buckets that just ran steal the
             # cores from the one running now (measured: 3.3 ms alone vs 6.5 ms round-robin on 2 cores)
@@ -200,7 +202,7 @@ class OrtStaticEngine(Engine):
         self.device = "cuda" if any(_provider_name(p) == "CUDAExecutionProvider" for p in providers) else "cpu"
         self._shared: dict[str, tuple[np.ndarray, ort.OrtValue]] = {}
         self._private_bytes = 0
-        self._swap: ProfilingSwap[dict[tuple, _Bound]] = ProfilingSwap({})  # one bound session per bucket
+        self._swap: ProfilingSwap[dict[int, _Bound]] = ProfilingSwap({})  # bucket -> its bound session
         self._workdir = Path(tempfile.mkdtemp(prefix="gebackend-static-", dir=temp_parent))
         weakref.finalize(self, shutil.rmtree, str(self._workdir), True)  # also when the engine is dropped, not closed
         try:
@@ -212,9 +214,9 @@ class OrtStaticEngine(Engine):
     def _start(self, graphs: Sequence[CompiledGraph], warmup_runs: int) -> None:
         self._graphs = [self._prepare(number, graph) for number, graph in enumerate(graphs, start=1)]
         self._disabled = disabled_optimizers(self._options, static=True, device=self.device)
-        for graph in self._graphs:
+        for number, graph in enumerate(self._graphs):
             bound = self._build(graph)
-            self._swap.serving[self._key(graph.shapes)] = bound
+            self._swap.serving[number] = bound
             quiet = ort.RunOptions()
             quiet.log_severity_level = 4  # a warm-up failing on zeros is no error worth a log line
             warm_up(lambda: bound.run({n: v.copy() if isinstance(v, np.ndarray) else v.numpy() for n, v in bound.inputs.items()},
@@ -273,16 +275,9 @@ class OrtStaticEngine(Engine):
             raise ModelLoadError(f"ONNX Runtime cannot build the static graph for {dict(graph.shapes)}: {exc}") from None
         return _Bound(session, graph, self.device)
 
-    @staticmethod
-    def _key(shapes: Mapping[str, Sequence[int]]) -> tuple:
-        return tuple(sorted((name, tuple(int(d) for d in shape)) for name, shape in shapes.items()))
-
-    def run(self, feeds: Mapping[str, np.ndarray], output_names: Sequence[str]) -> list[np.ndarray]:
+    def run_bucket(self, bucket: int, feeds: Mapping[str, np.ndarray], output_names: Sequence[str]) -> list[np.ndarray]:
         with self._swap.lock:
-            bound = self._swap.serving.get(self._key({n: a.shape for n, a in feeds.items()}))
-            if bound is None:
-                sent = {n: list(a.shape) for n, a in feeds.items()}
-                raise EngineInputError(f"no static graph was compiled for input shapes {sent}")
+            bound = self._swap.serving[bucket]
             try:
                 return bound.run(feeds, output_names)
             except Exception as exc:
@@ -304,9 +299,7 @@ class OrtStaticEngine(Engine):
         return arrays
 
     def start_profiling(self, prefix: Path) -> None:
-        profiled = {
-            self._key(g.shapes): self._build(g, Path(f"{prefix}-static{i}")) for i, g in enumerate(self._graphs, start=1)
-        }
+        profiled = {i: self._build(g, Path(f"{prefix}-static{i + 1}")) for i, g in enumerate(self._graphs)}
         self._swap.start(profiled)
 
     def stop_profiling(self) -> list[ProfiledSession]:
@@ -315,8 +308,8 @@ class OrtStaticEngine(Engine):
             return []
         profiled, _ = swapped
         sessions = []
-        for graph in self._graphs:
-            session = profiled[self._key(graph.shapes)].session
+        for number, graph in enumerate(self._graphs):
+            session = profiled[number].session
             start = monotonic_from_wall_ns(session.get_profiling_start_time_ns())
             file = Path(session.end_profiling())
             static = graph.static_nodes

@@ -56,7 +56,8 @@ import openvino.properties as props
 import openvino.properties.hint as hints
 
 from gebackend.config.options import BackendOptions
-from gebackend.engines.base import Engine, EngineInputError, EngineRunError, ProfiledSession, ProfilingSwap, warm_up
+from gebackend.engines.base import (Engine, EngineInputError, EngineRunError, ProfiledSession, ProfilingSwap, StaticEngine,
+                                    bucket_label, warm_up)
 from gebackend.engines.cpu import PrecisionRun, fallback_note
 from gebackend.engines.registry import EngineKind
 from gebackend.errors import ModelLoadError
@@ -399,14 +400,6 @@ class _Bucket:
         return self.compiled.fetch(output_names)
 
 
-def _key(shapes: Mapping[str, Sequence[int]]) -> tuple:
-    return tuple(sorted((name, tuple(int(d) for d in shape)) for name, shape in shapes.items()))
-
-
-def _label(shapes: Mapping[str, Sequence[int]]) -> str:
-    return "static " + " ".join(f"{n}:{','.join(map(str, s))}" for n, s in shapes.items())
-
-
 def _reshaped(model: ov.Model, shapes: Mapping[str, Sequence[int]], what: str) -> ov.Model:
     """The model with its inputs fixed to one bucket's shapes (OpenVINO infers and folds the rest when compiling)."""
     names = {n for port in model.inputs for n in port.get_names()}
@@ -420,14 +413,15 @@ def _reshaped(model: ov.Model, shapes: Mapping[str, Sequence[int]], what: str) -
     return model
 
 
-class OvStaticEngine(Engine):
-    """Static graph mode: one compiled model per compiled shape; a run looks its bucket up by exact input shapes."""
+class OvStaticEngine(StaticEngine):
+    """Static graph mode: one compiled model per compiled shape (bucket)."""
 
     name = "openvino-static"
 
     def __init__(self, graphs: Sequence, options: BackendOptions, warmup_runs: int = 1, source: Path | None = None):
         """`graphs`: one `CompiledGraph` per bucket. With `source` (the original ONNX file) OpenVINO reads it once
         and reshapes a copy per bucket instead of reading each bucket's graph: the copies share their constants."""
+        super().__init__([g.shapes for g in graphs])
         self._options = options
         self.precision = resolve_precision(options.precision_mode)
         self._graphs = list(graphs)
@@ -441,39 +435,34 @@ class OvStaticEngine(Engine):
             self._models = [_reshaped(_read(g.model.SerializeToString(), f"the static graph for {dict(g.shapes)}"),
                                       g.shapes, f"the static graph for {dict(g.shapes)}") for g in self._graphs]
         # one bucket per compiled shape; state: their _Profile by key while profiling
-        self._swap: ProfilingSwap[dict[tuple, _Bucket]] = ProfilingSwap(self._build())
-        for graph in self._graphs:
-            bucket = self._swap.serving[_key(graph.shapes)]
+        self._swap: ProfilingSwap[dict[int, _Bucket]] = ProfilingSwap(self._build())
+        for number, graph in enumerate(self._graphs):
+            bucket = self._swap.serving[number]
             # zeros where an input's values decide a shape may be no input at all (Col2Im: SIGFPE on a zero block)
             warm_up(lambda: bucket.run({n: np.zeros_like(b) for n, b in bucket.buffers.items()}, bucket.output_names, None),
                     0 if graph.reads_shape_values else warmup_runs)
 
-    def _build(self, profile: bool = False) -> dict[tuple, _Bucket]:
+    def _build(self, profile: bool = False) -> dict[int, _Bucket]:
         return {
-            _key(g.shapes): _Bucket(_Compiled(m, self._options, self.precision, f"the static graph for {dict(g.shapes)}",
+            number: _Bucket(_Compiled(m, self._options, self.precision, f"the static graph for {dict(g.shapes)}",
                                               profile, known_inputs=list(g.shapes)), g.shapes)
-            for g, m in zip(self._graphs, self._models)
+            for number, (g, m) in enumerate(zip(self._graphs, self._models))
         }
 
-    def run(self, feeds: Mapping[str, np.ndarray], output_names: Sequence[str]) -> list[np.ndarray]:
+    def run_bucket(self, number: int, feeds: Mapping[str, np.ndarray], output_names: Sequence[str]) -> list[np.ndarray]:
         with self._swap.lock:
-            key = _key({n: a.shape for n, a in feeds.items()})
-            bucket = self._swap.serving.get(key)
-            if bucket is None:
-                sent = {n: list(a.shape) for n, a in feeds.items()}
-                compiled = [{n: list(s) for n, s in g.shapes.items()} for g in self._graphs]
-                raise EngineInputError(f"no static graph was compiled for input shapes {sent}; compiled: {compiled}")
+            bucket = self._swap.serving[number]
             bucket.compiled.check(feeds, output_names)
             try:
-                return bucket.run(feeds, output_names, self._swap.state[key] if self._swap.state else None)
+                return bucket.run(feeds, output_names, self._swap.state[number] if self._swap.state else None)
             except Exception as exc:
                 raise EngineRunError(f"{type(exc).__name__}: {_message(exc)}") from None
 
     def start_profiling(self, prefix: Path) -> None:
-        def profiles(profiled: dict[tuple, _Bucket]) -> dict[tuple, _Profile]:
+        def profiles(profiled: dict[int, _Bucket]) -> dict[int, _Profile]:
             start = time.monotonic_ns()
-            return {_key(g.shapes): _Profile(_profile_file(Path(f"{prefix}-static{i}")), start, profiled[_key(g.shapes)].compiled)
-                    for i, g in enumerate(self._graphs, start=1)}
+            return {i: _Profile(_profile_file(Path(f"{prefix}-static{i + 1}")), start, profiled[i].compiled)
+                    for i in range(len(self._graphs))}
 
         self._swap.start(self._build(profile=True), profiles)
 
@@ -483,10 +472,10 @@ class OvStaticEngine(Engine):
             return []
         _, profiles = swapped
         sessions = []
-        for graph in self._graphs:
-            file, nodes = profiles[_key(graph.shapes)].write()
+        for number, graph in enumerate(self._graphs):
+            file, nodes = profiles[number].write()
             # every shape is fixed at compile time: so is every node
-            sessions.append(ProfiledSession(file, "static", _label(graph.shapes), profiles[_key(graph.shapes)].start_ns,
+            sessions.append(ProfiledSession(file, "static", bucket_label(graph.shapes), profiles[number].start_ns,
                                             node_order=nodes, static_nodes=nodes))
         return sessions
 

@@ -7,7 +7,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from gebackend.engines.base import Engine, EngineInputError, EngineRunError
+from gebackend.engines.base import Engine, EngineInputError, EngineRunError, StaticEngine
 from gebackend.errors import GeBackendError, InvalidRequest
 from gebackend.runtime.buckets import BucketRouter
 
@@ -18,10 +18,12 @@ class InternalError(GeBackendError):
     """The server's fault, not the request's (HTTP 500)."""
 
 
-def run_engine(model: str, engine: Engine, feeds: Tensors, output_names: Sequence[str]) -> dict[str, np.ndarray]:
-    """Run an engine, turning its errors into the request's fault (400) or ours (500)."""
+def run_engine(model: str, engine: Engine, feeds: Tensors, output_names: Sequence[str],
+               bucket: int | None = None) -> dict[str, np.ndarray]:
+    """Run an engine (a static one on `bucket`, when given), turning its errors into the request's fault (400) or
+    ours (500)."""
     try:
-        arrays = engine.run(feeds, output_names)
+        arrays = engine.run(feeds, output_names) if bucket is None else engine.run_bucket(bucket, feeds, output_names)
     except EngineInputError as exc:
         raise InvalidRequest(f"model '{model}' cannot run this request: {exc}") from None
     except EngineRunError as exc:
@@ -52,10 +54,11 @@ class BucketRunner:
         self,
         model: str,
         router: BucketRouter,
-        engine: Engine,
+        engine: StaticEngine,
         output_names: Sequence[str],
         fallback: Engine | None = None,
     ):
+        """`engine`'s bucket i is the router's bucket i (both list the spec's static shapes in order)."""
         self.model, self.router, self.engine, self.fallback = model, router, engine, fallback
         self.output_names = list(output_names)
         self.runs_per_bucket: Counter[int] = Counter()
@@ -79,7 +82,7 @@ class BucketRunner:
         pieces = []
         for chunk in plan:
             padded = self.router.pad(feeds, chunk)
-            outputs = run_engine(self.model, self.engine, padded, self.output_names)
+            outputs = run_engine(self.model, self.engine, padded, self.output_names, chunk.bucket)
             bucket_rows = self.router.batch_of(chunk.bucket) if self.router.batching else 1
             if self.router.batching:
                 self._check_batch_axis(outputs, bucket_rows)
