@@ -25,7 +25,6 @@ Writes ``static_graph.json`` and ``static_graph.png`` into ``--out`` and prints 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import gc
 import json
 import os
@@ -34,9 +33,10 @@ import subprocess
 import sys
 import tempfile
 import time
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator, Mapping
+from typing import Callable, Mapping
 
 import numpy as np
 import onnx
@@ -44,8 +44,6 @@ import onnxruntime as ort
 import psutil
 from onnx import numpy_helper
 
-import gebackend.engines.onnxruntime as dynamic_module
-import gebackend.engines.onnxruntime_static as static_module
 from gebackend.compile.pipeline import compile_static
 from gebackend.config.options import BackendOptions
 from gebackend.engines.onnxruntime import OrtEngine
@@ -114,33 +112,8 @@ def weight_summary(model: onnx.ModelProto) -> dict:
             "matmul_weights_mib": sum(s for name, s in sizes.items() if name in packed) / MIB}
 
 
-NO_PREPACKING = {"session.disable_prepacking": "1"}
+NO_PREPACKING = {"session.disable_prepacking": "1"}  # for the plain sessions; the engines take the options
 NO_SPINNING = {"session.intra_op.allow_spinning": "0"}
-
-
-@contextlib.contextmanager
-def session_config(entries: Mapping[str, str]) -> Iterator[None]:
-    """Add ORT session config entries to every session gebackend's engines build meanwhile, without touching
-    their source: the engine modules' `session_options` name is patched and restored."""
-    patched = (dynamic_module, static_module)
-    originals = [module.session_options for module in patched]
-
-    def with_entries(original: Callable[[BackendOptions], ort.SessionOptions]):
-        def build(options: BackendOptions) -> ort.SessionOptions:
-            so = original(options)
-            for key, value in entries.items():
-                so.add_session_config_entry(key, value)
-            return so
-
-        return build
-
-    for module, original in zip(patched, originals):
-        module.session_options = with_entries(original)
-    try:
-        yield
-    finally:
-        for module, original in zip(patched, originals):
-            module.session_options = original
 
 
 def plain_options(entries: Mapping[str, str] | None = None, quiet: bool = True) -> ort.SessionOptions:
@@ -166,8 +139,7 @@ class Held:
 
 def hold_static(workdir: Path, shapes, disable_prepacking: bool = False, level: str = "all") -> Held:
     graphs = [CompiledGraph(s, onnx.load(bucket_path(workdir, s["input_ids"][0]))) for s in shapes]
-    with session_config(NO_PREPACKING if disable_prepacking else {}):
-        engine = OrtStaticEngine(graphs, BackendOptions(graph_optimization_level=level))
+    engine = OrtStaticEngine(graphs, BackendOptions(graph_optimization_level=level, disable_prepacking=disable_prepacking))
     del graphs  # as the loader does: only what the engine itself keeps stays
     return Held(lambda feeds: engine.run(feeds, ["pooler_output"]))
 
@@ -345,14 +317,12 @@ def build_variants(path: Path, feeds: Feeds, spinning: bool) -> dict[str, Runner
     extra = {} if spinning else NO_SPINNING
     plain = ort.InferenceSession(str(path), plain_options(extra, quiet=False))  # onnxruntime's defaults
     names = [o.name for o in plain.get_outputs()]
-    options = BackendOptions()
+    options = BackendOptions(allow_spinning="auto" if spinning else "off")
     shapes = [{name: array.shape for name, array in feeds.items()}]
     graphs, _ = compile_static(path, shapes, options.fold_size_limit)
-    with session_config(extra):
-        dynamic = OrtEngine(path, options)
-        static = OrtStaticEngine(graphs, options)
-    with session_config({**extra, **NO_PREPACKING}):
-        static_noprepack = OrtStaticEngine(graphs, options)
+    dynamic = OrtEngine(path, options)
+    static = OrtStaticEngine(graphs, options)
+    static_noprepack = OrtStaticEngine(graphs, dataclasses.replace(options, disable_prepacking=True))
     return {
         "plain": lambda f: plain.run(None, f),
         "dynamic": lambda f: dynamic.run(f, names),
