@@ -148,11 +148,13 @@ def test_every_scenario_writes_a_config_triton_can_parse(bert_small, tmp_path, n
 
 
 def test_generated_ge_config_loads_as_the_backend_reads_it(bert_small, tmp_path):
-    from gebackend.bench.inprocess import load_spec
+    from gebackend.bench.inprocess import Ceiling
 
     model, path = bert_small
     repo = scenarios.write_repository(tmp_path, model, scenarios.SCENARIOS["ge_batching"], path)
-    spec, _ = load_spec(repo / model.name)
+    ceiling = Ceiling(repo / model.name, log=lambda m: None)  # loads as the backend loads
+    spec = ceiling.spec
+    ceiling.close()
     assert spec.static and spec.batching and spec.max_batch_size == 8
     assert sorted(s["input_ids"][0] for s in spec.static_shapes) == [1, 2, 4, 8]
 
@@ -212,7 +214,7 @@ def test_a_two_instance_ceiling_runs_one_pinned_process_per_instance(tmp_path):
     repo = scenarios.write_repository(tmp_path / "repo", tiny, scenario, tiny.ensure(tmp_path, lambda m: None))
     ceiling = Ceiling(repo / "tiny", log=lambda m: None)
     try:
-        assert ceiling.instances == 2 and len(ceiling.executors) == 1
+        assert ceiling.instances == 2 and len(ceiling.instances_here) == 1
         feeds = tiny.sample_inputs(1)
         np.testing.assert_allclose(ceiling.run_once(feeds)["sum"], feeds["x"] + feeds["y"])
         row = ceiling.measure(feeds, concurrency=2, seconds=1.0, warmup=0.3)

@@ -1,7 +1,6 @@
 """The in-process ceiling: the same engine and config as a served scenario, called directly, no server.
 
-The scenario's config.pbtxt is read as the backend reads it (`build_model_spec` + `load_executor`), one
-executor per instance. `concurrency` client threads each send one request (batch 1, the same input
+The scenario's model is loaded as the backend loads it (`runtime.instance.ModelInstance`), one per instance. `concurrency` client threads each send one request (batch 1, the same input
 perf_analyzer sends), wait for its answer and send the next, as perf_analyzer's concurrency mode does.
 Throughput is the answers received inside the measurement window divided by its length; latency
 percentiles are over those answers. (perf_analyzer counts only requests both sent and answered inside a
@@ -42,19 +41,13 @@ class _Pending:
     error: BaseException | None = None
 
 
-def load_spec(model_dir: Path):
-    """The ModelSpec the backend builds for `model_dir` (its config.pbtxt spells out inputs and outputs)."""
-    from gebackend.config.model_file import find_model_file
-    from gebackend.config.onnx_signature import read_signature
-    from gebackend.config.options import model_parameters, parse_options
-    from gebackend.config.pbtxt import load_model_config
-    from gebackend.config.spec import build_model_spec
+class _Quiet:
+    """An `InstanceLog` that keeps the load's lines to itself (the bench prints its own)."""
 
-    config = load_model_config(model_dir / "config.pbtxt")
-    path = find_model_file(model_dir / "1", config.get("default_model_filename", ""))
-    parsed = parse_options(config["name"], {}, model_parameters(config), config)
-    spec = build_model_spec(config, read_signature(path), path, parsed.options)
-    return spec, config
+    def info(self, message: str) -> None:
+        pass
+
+    warn = info
 
 
 def plan_cpus(instances: int, cores_per_instance: int = 0) -> list[frozenset[int] | None]:
@@ -108,7 +101,7 @@ def _instance_process(model_dir: str, cpus, clients: int, feeds, seconds: float,
             os.sched_setaffinity(0, cpus)
         ceiling = Ceiling(Path(model_dir), log=lambda m: None, instances=1)
         try:
-            ceiling.executors[0].execute([feeds])  # warm before the others start measuring
+            ceiling.instances_here[0].execute([feeds])  # warm before the others start measuring
             barrier.wait(timeout=600)
             ceiling.measure(feeds, clients, seconds, warmup)
             conn.send(("ok", ceiling.last_latencies_us.tolist()))
@@ -128,29 +121,32 @@ class Ceiling:
     """One scenario's model loaded in this process (several instances: measured in one process each)."""
 
     def __init__(self, model_dir: Path, log=print, instances: int | None = None):
-        from gebackend.runtime.loader import load_executor
+        from gebackend.config.pbtxt import load_model_config
+        from gebackend.runtime.instance import InstanceInfo, ModelInstance, parsed_options
 
         self.model_dir = Path(model_dir)
-        self.spec, self.config = load_spec(model_dir)
+        self.config = load_model_config(self.model_dir / "config.pbtxt")
         count = sum(int(g.get("count", 1)) for g in self.config.get("instance_group") or [{"count": 1}])
         self.instances = max(1, count) if instances is None else instances
-        self.instance_cpus = plan_cpus(self.instances, self.spec.options.cores_per_instance)
-        self.cpu_sets = self.instance_cpus[:1] if self.instances > 1 else self.instance_cpus  # loaded here
         self.last_latencies_us = np.zeros(0)
-        self.executors = []
-        self.how = ""
-        for cpus in self.cpu_sets:
-            # Build each executor on a thread pinned like the served instance's process, so the engine's
-            # thread pool (created now, inheriting the affinity) runs on the same cores as when served.
-            executor, self.how = _on_thread(cpus, lambda: load_executor(self.spec, log=lambda m: None))
-            self.executors.append(executor)
+        self.instances_here = []  # the ModelInstance of each instance measured in this process
+        name = self.config["name"]
+        self.instance_cpus = plan_cpus(self.instances, parsed_options(name, self.config).options.cores_per_instance)
+        self.cpu_sets = self.instance_cpus[:1] if self.instances > 1 else self.instance_cpus  # loaded here
+        for number, cpus in enumerate(self.cpu_sets):
+            # Build each instance on a thread pinned like the served instance's process, so the engine's thread
+            # pool (created now, inheriting the affinity) runs on the same cores as when served; the load itself
+            # pins nothing.
+            self.instances_here.append(_on_thread(cpus, lambda: ModelInstance.load(
+                self.config, self.model_dir / "1", InstanceInfo(f"{name}_0_{number}"), _Quiet(), pin=False)))
+        self.spec, self.how = self.instances_here[0].spec, self.instances_here[0].how
         self.batching = self.spec.batching and "dynamic_batching" in self.config
         self.max_batch = max(1, self.spec.max_batch_size) if self.batching else 1
         where = f"{self.instances} pinned processes" if self.instances > 1 else "this process"
         log(f"bench:   ceiling: {self.instances} instance(s) in {where}, {self.how}")
 
     def run_once(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        result = self.executors[0].execute([feeds])[0]
+        result = self.instances_here[0].execute([feeds])[0]
         if isinstance(result, BaseException):
             raise result
         return result
@@ -164,7 +160,7 @@ class Ceiling:
         window = {"start": float("inf"), "end": float("inf")}
         errors: list[BaseException] = []
 
-        def worker(executor, cpus) -> None:
+        def worker(instance, cpus) -> None:
             _pin(cpus)
             while not stop.is_set():
                 try:
@@ -178,7 +174,7 @@ class Ceiling:
                     except queue.Empty:
                         break
                 try:
-                    results = executor.execute([p.inputs for p in batch])
+                    results = instance.execute([p.inputs for p in batch])
                 except BaseException as exc:  # noqa: BLE001 - reported below
                     results = [exc] * len(batch)
                 for pending, result in zip(batch, results):
@@ -202,7 +198,7 @@ class Ceiling:
                 if window["start"] <= answered <= window["end"]:
                     latencies.append(answered - sent)  # every answer inside the window counts (unbiased rate)
 
-        threads = [threading.Thread(target=worker, args=(e, c), daemon=True) for e, c in zip(self.executors, self.cpu_sets)]
+        threads = [threading.Thread(target=worker, args=(i, c), daemon=True) for i, c in zip(self.instances_here, self.cpu_sets)]
         threads += [threading.Thread(target=client, daemon=True) for _ in range(concurrency)]
         for t in threads:
             t.start()
@@ -248,9 +244,9 @@ class Ceiling:
         return _row(concurrency, self.last_latencies_us, seconds)
 
     def close(self) -> None:
-        for executor in self.executors:
-            executor.close()
-        self.executors = []
+        for instance in self.instances_here:
+            instance.close()
+        self.instances_here = []
 
 
 def _row(concurrency: int, lat_us: np.ndarray, seconds: float) -> PerfRow:
@@ -268,7 +264,7 @@ def accuracy(ceiling: Ceiling, model_path: Path, feeds: Mapping[str, np.ndarray]
     session = open_session(model_path, None)  # onnxruntime's defaults, errors only in the log
     names = [o.name for o in session.get_outputs()]
     reference = dict(zip(names, session.run(names, dict(feeds))))
-    got = ceiling.executors[0].execute([{k: v[i:i + 1] for k, v in feeds.items()}
+    got = ceiling.instances_here[0].execute([{k: v[i:i + 1] for k, v in feeds.items()}
                                         for i in range(next(iter(feeds.values())).shape[0])])
     worst_cos, worst_diff = 1.0, 0.0
     for name in names:

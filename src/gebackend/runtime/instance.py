@@ -1,0 +1,197 @@
+"""One loaded instance of a model, from what Triton hands a backend: its config, version folder and instance name.
+
+Owns the load, in order: the options (config parameters over `--backend-config`), the option report, the
+npu_ge name pairing, pinning to the instance's cores (before any engine thread exists, so they inherit it),
+the spec, the providers, the executor; and what runs beside every request: the heartbeat the watchdog of
+`gebackend serve` reads, live profiling, the first-request dump (dump_data=1). Nothing here knows Triton's
+`pb_utils`: `triton/bridge.py` turns requests into numpy feeds and results into responses and status codes,
+and the bench's in-process ceiling (`bench/inprocess.py`) loads through this same class.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping, Protocol, Sequence
+
+import numpy as np
+
+from gebackend.config.io_names import aliased_model
+from gebackend.config.model_file import find_model_file
+from gebackend.config.onnx_signature import read_signature
+from gebackend.config.option_report import load_report
+from gebackend.config.options import ParsedOptions, global_options_from_env, model_parameters, parse_options
+from gebackend.config.spec import ModelSpec, build_model_spec
+from gebackend.engines import providers_for
+from gebackend.profiling.control import ProfilingControl
+from gebackend.profiling.dump_data import FirstRequestDump, first_request_dump
+from gebackend.runtime.core_ledger import CoreLedger
+from gebackend.runtime.executor import Executor
+from gebackend.runtime.loader import load_executor, server_temp_parent
+from gebackend.server.heartbeat import Heartbeat
+from gebackend.server.registry import CONTROL_ENV_VAR
+
+
+class InstanceLog(Protocol):
+    """Where an instance says what it did: the server log under Triton."""
+
+    def info(self, message: str) -> None: ...
+
+    def warn(self, message: str) -> None: ...
+
+
+@dataclass(frozen=True)
+class InstanceInfo:
+    """What Triton says of the instance being loaded (`model_instance_*` in its initialize arguments)."""
+
+    name: str  # e.g. "bert_ge_0_1"
+    kind: str = "CPU"  # KIND_CPU / KIND_GPU / KIND_MODEL, as Triton names it ("CPU", "GPU", "MODEL")
+    device_id: int = 0
+
+
+def parsed_options(name: str, config: Mapping[str, Any]) -> ParsedOptions:
+    """A model's options: its config's parameters over the server-wide `--backend-config ge,...` ones."""
+    return parse_options(name, global_options_from_env(), model_parameters(config), config)
+
+
+class ModelInstance:
+    """One instance of a model, loaded: its spec and executor, and what runs beside each batch of requests."""
+
+    def __init__(self, spec: ModelSpec, executor: Executor, how: str, load_seconds: float, instance: str,
+                 profiling: ProfilingControl | None = None, heartbeat: Heartbeat | None = None,
+                 ledger: CoreLedger | None = None, dump: FirstRequestDump | None = None,
+                 log: InstanceLog | None = None):
+        self.spec = spec
+        self.executor = executor
+        self.how = how  # one line saying how it runs (graph mode, buckets, engine, precision)
+        self.load_seconds = load_seconds
+        self.instance = instance
+        self.profiling = profiling
+        self.heartbeat = heartbeat
+        self.ledger = ledger
+        self.dump = dump  # dump_data=1: writes the first request's every node input and output, then None
+        self._log = log
+
+    @classmethod
+    def load(cls, config: Mapping[str, Any], version_dir: Path, instance: InstanceInfo, log: InstanceLog,
+             pin: bool = True) -> "ModelInstance":
+        """Load the model of `config` from `version_dir` as instance `instance`.
+
+        Raises `GeBackendError` (its message names what failed and what to do) when it cannot. `pin=False` leaves
+        this process's CPU affinity alone (a bench measuring in this process).
+        """
+        name = config["name"]
+        started = time.perf_counter()
+        path = find_model_file(Path(version_dir), config.get("default_model_filename", ""))
+        parsed = parsed_options(name, config)
+        for warn, line in load_report(parsed, config, instance.kind):
+            (log.warn if warn else log.info)(f"gebackend: model '{name}': {line}")
+        say = lambda m: log.info(f"gebackend: model '{name}': {m}")  # noqa: E731
+        path = aliased_model(config, path, say, server_temp_parent())  # npu_ge: names paired by position
+        options, ledger = _pin(name, instance, config, parsed.options, log) if pin else (parsed.options, None)
+        spec = build_model_spec(config, read_signature(path), path, options)
+        providers = providers_for(instance.kind, instance.device_id)
+        executor, how = load_executor(spec, providers, say)
+        seconds = time.perf_counter() - started
+        log.info(f"gebackend: model '{name}' instance '{instance.name}' loaded {path.name} in {seconds:.2f}s: "
+                 f"max_batch_size={spec.max_batch_size}, {how}")
+        profiling = None
+        if spec.options.profiling != "off":
+            profiling = ProfilingControl(name, instance.name, executor.runner.engines(), spec.options.profiling,
+                                         spec.options.profiling_dir, say)
+        dump = first_request_dump(spec, instance.name, say)
+        return cls(spec, executor, how, seconds, instance.name, profiling, _heartbeat(spec), ledger, dump, log)
+
+    def execute(self, batch: Sequence[Mapping[str, np.ndarray]]) -> list:
+        """One batch of requests (each its feeds by input name) -> per request its outputs by name, or the exception
+        that request failed with (`InvalidRequest`: the request's fault)."""
+        if self.heartbeat is None:
+            return self._execute(batch)
+        self.heartbeat.enter()
+        try:
+            return self._execute(batch)
+        finally:
+            self.heartbeat.leave()
+
+    def _execute(self, batch: Sequence[Mapping[str, np.ndarray]]) -> list:
+        started = time.monotonic_ns()
+        results = self.executor.execute(batch)
+        if self.dump is not None:
+            self.dump = self.dump.offer(batch, results)
+        if self.profiling is not None and self.profiling.active:
+            rows = sum(next(iter(b.values())).shape[0] if self.spec.batching and b else 1 for b in batch)
+            errors = sum(isinstance(r, BaseException) for r in results)
+            self.profiling.record(started, time.monotonic_ns(), len(batch), rows, errors)
+        return results
+
+    def close(self) -> None:
+        if self.heartbeat is not None:
+            self.heartbeat.close()
+        if self.ledger is not None:
+            self.ledger.release()
+        if self.profiling is not None:
+            capture = self.profiling.close()
+            if capture is not None:
+                self._render_quietly(capture)
+        self.executor.close()
+
+    def _render_quietly(self, capture: Path) -> None:
+        """profiling=true: render the report when the model unloads; a failure here must not fail the unload."""
+        log = self._log
+        try:
+            from gebackend.profiling.report import render
+
+            render(capture)
+            if log is not None:
+                log.info(f"gebackend: profiling report written to {capture}")
+        except Exception as exc:  # noqa: BLE001 - a report, never an unload failure
+            if log is not None:
+                log.warn(f"gebackend: could not render the profiling report in {capture}: {exc}")
+
+
+def _pin(name: str, instance: InstanceInfo, config: Mapping[str, Any], options, log: InstanceLog):
+    """Pin this instance's process to its CPU set (runtime/pinning.py) and size the engine's threads to it.
+
+    Runs before the engine exists, so the threads it creates inherit the affinity. Returns the options
+    the instance runs with, and the server-wide core ledger holding its cores (released when it unloads).
+    """
+    from gebackend.runtime.pinning import pin_process, pinned_options, plan_for_instance
+
+    ledger = None
+    try:
+        plan = plan_for_instance(name, instance.name, config, options.pin_instances, options.cores_per_instance,
+                                 instance.device_id)
+        if plan is None:
+            return options, None
+        control = _control_dir()
+        if control is not None:  # under `gebackend serve`: take the cores other models left free
+            ledger = CoreLedger(control)
+            claim = ledger.claim(name, instance.name, plan.cpus, plan.usable)
+            plan = plan.claimed(claim.cpus, claim.neighbours)
+        pin_process(plan.cpus)
+    except (OSError, ValueError) as exc:
+        log.warn(f"gebackend: model '{name}' instance '{instance.name}': not pinned: {exc}")
+        if ledger is not None:
+            ledger.release()
+        return options, None
+    pinned, notes = pinned_options(options, plan)
+    message = (f"instance '{instance.name}': {plan.describe()}; intra_op_threads={pinned.intra_op_thread_count} "
+               f"inter_op_threads={pinned.inter_op_thread_count} allow_spinning={pinned.allow_spinning}")
+    (log.warn if plan.note or notes else log.info)(f"gebackend: model '{name}': {'; '.join([message, *notes])}")
+    return pinned, ledger
+
+
+def _control_dir() -> Path | None:
+    """The control folder of the `gebackend serve` running this instance (None under a plain tritonserver)."""
+    control = os.environ.get(CONTROL_ENV_VAR)
+    return Path(control) if control else None
+
+
+def _heartbeat(spec: ModelSpec) -> Heartbeat | None:
+    """Beat for the watchdog of `gebackend serve` (none without it, or with hang_timeout_s=0)."""
+    control = _control_dir()
+    if control is None or spec.options.hang_timeout_s <= 0:
+        return None
+    return Heartbeat(control, spec.options.hang_timeout_s)
