@@ -1,4 +1,4 @@
-"""Unit tests for the server-wide ledger of pinned cores (runtime/core_ledger.py)."""
+"""Unit tests for the server-wide ledger of pinned cores (control/core_ledger.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 import multiprocessing
 import os
 
-from gebackend.runtime.core_ledger import LEDGER, CoreLedger, choose
+from gebackend.control.core_ledger import LEDGER, CoreLedger, choose
 from gebackend.runtime.pinning import plan_cpus
 
 CORES = tuple(range(8))

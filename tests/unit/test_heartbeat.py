@@ -1,4 +1,4 @@
-"""Unit tests for instance heartbeats (server/heartbeat.py) and the watchdog killing a hung stub (no server started)."""
+"""Unit tests for instance heartbeats (control/heartbeat.py) and the watchdog killing a hung stub (no server started)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import signal
 import time
 
 from gebackend.server import watchdog as wd
-from gebackend.server.heartbeat import Beat, Heartbeat, heartbeat_file, own_start_time, read_beat
+from gebackend.control.heartbeat import Beat, Heartbeat, heartbeat_file, own_start_time, read_beat
 
 from test_server_control import stub, watchdog_with
 

@@ -340,7 +340,7 @@ def test_paused_watchdog_skips_checks_and_does_not_mourn_what_changed_meanwhile(
 
 
 def test_sweep_removes_only_what_dead_servers_left(tmp_path, monkeypatch):
-    from gebackend.server import registry
+    from gebackend.control import registry
 
     monkeypatch.setenv("GE_RUNTIME_DIR", str(tmp_path / "run"))
     shm = tmp_path / "shm"

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from gebackend.errors import GeBackendError
 from gebackend.profiling.control import control_file, new_capture_dir
-from gebackend.server.registry import control_dir_for
+from gebackend.control.registry import control_dir_for
 
 WAIT_SECONDS = 60.0
 

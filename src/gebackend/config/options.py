@@ -152,7 +152,7 @@ class BackendOptions:
     pin_instances: str = "auto"  # "auto": pin when the model has several instances or sets cores_per_instance; "on" | "off"
     disable_prepacking: bool = False  # ORT packs MatMul weights per session: off saves ~the MatMul weights per bucket
     allow_spinning: str = "auto"  # ORT intra-op spinning: "auto" (off when pinned instances share cores) | "on" | "off"
-    # An instance inside one execute() this long, or frozen this long, is killed and its model restored (server/heartbeat.py); 0: never
+    # An instance inside one execute() this long, or frozen this long, is killed and its model restored (control/heartbeat.py); 0: never
     hang_timeout_s: float = 120.0
     # optimization { execution_accelerators } (config/accelerators.py): parsed, for the engines to run
     accelerators: Accelerators = field(default_factory=Accelerators)

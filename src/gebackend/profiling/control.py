@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from gebackend.engines.base import Engine
-from gebackend.server.registry import CONTROL_ENV_VAR
+from gebackend.control.registry import CONTROL_ENV_VAR
 
 POLL_SECONDS = 0.25
 

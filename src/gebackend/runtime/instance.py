@@ -27,11 +27,11 @@ from gebackend.config.spec import ModelSpec, build_model_spec
 from gebackend.engines import providers_for
 from gebackend.profiling.control import ProfilingControl
 from gebackend.profiling.dump_data import FirstRequestDump, first_request_dump
-from gebackend.runtime.core_ledger import CoreLedger
+from gebackend.control.core_ledger import CoreLedger
 from gebackend.runtime.executor import Executor
 from gebackend.runtime.loader import load_executor, server_temp_parent
-from gebackend.server.heartbeat import Heartbeat
-from gebackend.server.registry import CONTROL_ENV_VAR
+from gebackend.control.heartbeat import Heartbeat
+from gebackend.control.registry import CONTROL_ENV_VAR
 
 
 class InstanceLog(Protocol):

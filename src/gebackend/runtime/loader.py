@@ -51,7 +51,7 @@ def load_executor(
 def server_temp_parent() -> Path | None:
     """The server's own temp folder when served by `gebackend serve`, which it removes at shutdown even if
     this process is killed; None elsewhere (then the system temp folder is used)."""
-    from gebackend.server.registry import CONTROL_ENV_VAR
+    from gebackend.control.registry import CONTROL_ENV_VAR
 
     control = os.environ.get(CONTROL_ENV_VAR)
     return Path(control).parent if control and Path(control).parent.is_dir() else None

@@ -16,7 +16,7 @@ instance's index among all the model's instances and their total; `plan_cpus` ch
 `pin_process` is the one side effect: `os.sched_setaffinity` on every thread of this process, before
 the engine creates its thread pool (threads inherit the affinity of the thread that creates them).
 
-The plan is per model. Under `gebackend serve`, `runtime/core_ledger.py` then moves an instance onto the
+The plan is per model. Under `gebackend serve`, `control/core_ledger.py` then moves an instance onto the
 cores other models' instances left free (`PinPlan.claimed`), so two pinned models do not both start at
 the first core.
 """

@@ -33,9 +33,9 @@ from gebackend.config.model_file import REPOSITORY_ENV_VAR
 from gebackend.config.options import ENV_VAR as OPTIONS_ENV_VAR
 from gebackend.errors import GeBackendError
 from gebackend.server.distribution import TritonDistribution, find_triton
-from gebackend.server import registry
+from gebackend.control import registry
 from gebackend.server.layout import lay_out_backends
-from gebackend.server.registry import CONTROL_ENV_VAR
+from gebackend.control.registry import CONTROL_ENV_VAR
 
 SHM_DIR = Path("/dev/shm")
 # The header that unlocks Triton's model-repository API (index, load, unload) when clients may not use it.

@@ -16,7 +16,7 @@ READY, it unloads the model and loads it again through the CLI's model-repositor
 logs both. A model that keeps dying is reloaded after a growing pause (1 s, 2 s, 4 s ... 60 s).
 
 A stub that is alive but hung (inside one run, or frozen, for longer than its model's
-`hang_timeout_s`) is told by its heartbeat (server/heartbeat.py): the watchdog kills it, and it is
+`hang_timeout_s`) is told by its heartbeat (control/heartbeat.py): the watchdog kills it, and it is
 then restored like any dead stub.
 """
 
@@ -31,8 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Protocol
 
-from gebackend.server.heartbeat import heartbeat_file, read_beat
-from gebackend.server.procfs import read_stat, stat_fields as _fields
+from gebackend.control.heartbeat import heartbeat_file, read_beat
+from gebackend.control.procfs import read_stat, stat_fields as _fields
 
 STUB_NAME = "triton_python_backend_stub"
 PROC = Path("/proc")

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from gebackend.server.procfs import is_running, own_start_time
+from gebackend.control.procfs import is_running, own_start_time
 
 LEDGER = "cores.json"
 LOCK = "cores.lock"

@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from gebackend.server.procfs import own_start_time
+from gebackend.control.procfs import own_start_time
 
 FOLDER = "heartbeat"
 BEAT_SECONDS = 1.0
