@@ -222,7 +222,7 @@ def test_onnxruntime_backend_sections(peers):
     assert re.search(r"OpenVINO \S+ engine on CPU", line), line  # cpu_execution_accelerator openvino
     assert "model 'ort_peer': cpu_execution_accelerator openvino: selects engine=openvino" in out
     assert ("model 'ort_peer': gpu_execution_accelerator tensorrt(precision_mode=FP16, max_workspace_size_bytes="
-            "1073741824, trt_engine_cache_enable=True): parsed, not run by these engines yet") in out, out[-5000:]
+            "1073741824, trt_engine_cache_enable=True): for KIND_GPU instances; this CPU instance runs without it") in out, out[-5000:]
     line = load_line(out, "ort_peer_engine_param")
     assert "onnxruntime" in line and "graph_optimization_level=disable" in line, line  # level 2: disable all
     assert "the config.pbtxt parameter engine=onnxruntime wins" in out

@@ -38,8 +38,12 @@ def test_hints_by_ge_option_name_at_every_level():
 def test_device_notes():
     options = parse_options("m", {}, {"device_ids": "4,5"}).options
     assert device_notes(options, {}) == [
-        "device_ids 4,5 (ge-backend: the NPUs the model spreads over): this instance runs on the CPU, so they select nothing"]
+        "device_ids 4,5 (ge-backend: the NPUs the model spreads over): this instance runs on the CPU, so they select nothing "
+        "(execution_provider=cann runs on them)"]
     assert "Triton places GPU instances" in device_notes(options, {}, "KIND_GPU")[0]
+    cann = parse_options("m", {}, {"device_ids": "4,5", "execution_provider": "cann"}).options
+    assert device_notes(cann, {}) == ["device_ids 4,5 (ge-backend: the NPUs the model spreads over): "
+                                      "execution_provider=cann: instance i runs on NPU device_ids[i % count]"]
     assert device_notes(parse_options("m", {}, {}).options, {}) == []
     options = parse_options("m", {}, {"device_ids": "0,1", "instance_exec_blocks": "2"}).options
     notes = device_notes(options, {"instance_group": [{"count": 3}]})
@@ -58,9 +62,11 @@ def test_load_report_lines_and_levels():
         (False, "device_exec_blocks=4: ge-backend would run 4 execution block(s) on each of 1 device(s); here each Triton "
                 "instance runs one engine, so instance_group count (1) sets how many run at once"),
         (False, "cpu_execution_accelerator openvino: selects engine=openvino"),
-        (True, "gpu_execution_accelerator tensorrt(precision_mode=FP16): parsed, not run by these engines yet "
-               "(this CPU instance uses their defaults)"),
+        (False, "gpu_execution_accelerator tensorrt(precision_mode=FP16): for KIND_GPU instances; this CPU instance "
+                "runs without it"),
     ]
+    assert (False, "gpu_execution_accelerator tensorrt(precision_mode=FP16): selects the tensorrt execution provider "
+                   "(engines/providers/)") in load_report(parsed, config, "KIND_GPU")
     overridden = parse_options("m", {}, {"engine": "ort"}, config)
     assert (False, "cpu_execution_accelerator openvino: the config.pbtxt parameter engine=onnxruntime wins") in load_report(
         overridden, config, "KIND_GPU")

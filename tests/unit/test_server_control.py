@@ -325,6 +325,10 @@ def test_repository_fingerprints_change_with_any_file_of_a_model(tmp_path):
     (tmp_path / "a" / "1" / "model.onnx").write_bytes(b"22")
     second = repository_fingerprints(tmp_path)
     assert second["a"] != first["a"] and second["b"] == first["b"]
+    cache = tmp_path / "a" / "1" / ".gebackend-cache" / "tensorrt-x"
+    cache.mkdir(parents=True)
+    (cache / "engine.bin").write_bytes(b"trt")  # a cache written beside the model is not a change of the model
+    assert repository_fingerprints(tmp_path) == second
 
 
 def test_paused_watchdog_skips_checks_and_does_not_mourn_what_changed_meanwhile():

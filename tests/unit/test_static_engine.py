@@ -116,12 +116,17 @@ def test_cuda_graph_static_engine_equals_cpu(tmp_path):
 
 
 def test_graph_capture_is_requested_from_accelerator_providers():
-    from gebackend.engines.onnxruntime_static import _with_graph_capture
+    """A plain providers list (no spec) still gets graph capture on its first entry (engines/providers/)."""
+    from gebackend.engines.providers import as_selection
 
-    assert _with_graph_capture(("CUDAExecutionProvider", {"device_id": "0"})) == (
-        "CUDAExecutionProvider", {"device_id": "0", "enable_cuda_graph": "1"})
-    assert _with_graph_capture("CANNExecutionProvider") == ("CANNExecutionProvider", {"enable_cann_graph": "1"})
-    assert _with_graph_capture("CPUExecutionProvider") == "CPUExecutionProvider"
+    shapes = {"x": (1, 4)}
+    cuda = as_selection([("CUDAExecutionProvider", {"device_id": "0"}), "CPUExecutionProvider"])
+    assert cuda.for_bucket(0, shapes, capture=True) == [
+        ("CUDAExecutionProvider", {"device_id": "0", "enable_cuda_graph": "1"}), "CPUExecutionProvider"]
+    assert cuda.run_config(3, captured=True) == {"gpu_graph_id": "3"}
+    assert as_selection(["CANNExecutionProvider"]).for_bucket(0, shapes, True) == [
+        ("CANNExecutionProvider", {"enable_cann_graph": "1"})]
+    assert as_selection(["CPUExecutionProvider"]).for_bucket(0, shapes, True) == ["CPUExecutionProvider"]
 
 
 @pytest.mark.parametrize(

@@ -10,8 +10,9 @@ What the peer does (triton-inference-server/onnxruntime_backend, src/onnxruntime
   `use_ep_level_unified_stream` must be booleans); any other name fails as above.
 
 Here `openvino` selects our OpenVINO engine (`engine` option), and the GPU entries are parsed into typed
-`TensorRTAccelerator` / `CudaAccelerator` values with the provider options the peer would pass, for the engines
-to run; the load log reports them. Unlike the peer, which reads the GPU list only for GPU instances, names and
+`TensorRTAccelerator` / `CudaAccelerator` values with the provider options the peer would pass; a KIND_GPU
+instance runs on them (engines/providers/: tensorrt.py, cuda.py add the device, precision, caches, profiles and
+graph capture); the load log reports them. Unlike the peer, which reads the GPU list only for GPU instances, names and
 parameters are checked for every instance, so a typo fails the load on a CPU machine too.
 """
 

@@ -99,8 +99,12 @@ def device_notes(options: Any, model_config: Mapping[str, Any], instance_kind: s
     on_cpu = not instance_kind.upper().endswith("GPU")
     if options.device_ids:
         ids = ",".join(map(str, options.device_ids))
-        where = ("this instance runs on the CPU, so they select nothing" if on_cpu else
-                 "Triton places GPU instances (instance_group { gpus: [...] }), so they select nothing")
+        if getattr(options, "execution_provider", "auto") == "cann":
+            where = "execution_provider=cann: instance i runs on NPU device_ids[i % count]"
+        elif on_cpu:
+            where = "this instance runs on the CPU, so they select nothing (execution_provider=cann runs on them)"
+        else:
+            where = "Triton places GPU instances (instance_group { gpus: [...] }), so they select nothing"
         notes.append(f"device_ids {ids} (ge-backend: the NPUs the model spreads over): {where}")
     if options.device_exec_blocks != -1 or options.instance_exec_blocks != 1:
         instances = instance_count(model_config)

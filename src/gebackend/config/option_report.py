@@ -27,6 +27,10 @@ def load_report(parsed: ParsedOptions, model_config: Mapping[str, Any], instance
         lines.append((False, f"cpu_execution_accelerator {', '.join(accelerators.cpu)}: {effect}"))
     if accelerators.gpu:
         described = ", ".join(a.describe() for a in accelerators.gpu)
-        lines.append((True, f"gpu_execution_accelerator {described}: parsed, not run by these engines yet "
-                            f"(this {instance_kind.upper().replace('KIND_', '')} instance uses their defaults)"))
+        if instance_kind.upper().endswith("GPU"):
+            lines.append((False, f"gpu_execution_accelerator {described}: selects the "
+                                 f"{accelerators.gpu[0].name} execution provider (engines/providers/)"))
+        else:  # as Triton's onnxruntime backend, which reads the GPU list for GPU instances only
+            lines.append((False, f"gpu_execution_accelerator {described}: for KIND_GPU instances; this "
+                                 f"{instance_kind.upper().replace('KIND_', '')} instance runs without it"))
     return lines

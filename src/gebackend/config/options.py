@@ -114,6 +114,22 @@ def _exec_blocks(text: str) -> int:
     return value
 
 
+def _provider_name(text: str) -> str:
+    """execution_provider: a name from engines/providers/ (checked there at load, which knows the installed ones)."""
+    name = text.strip().lower()
+    if not name.replace("_", "").isalnum():
+        raise ValueError("expected auto or a provider name (cpu, cuda, tensorrt, cann)")
+    return name
+
+
+def _openvino_device(text: str) -> str:
+    """device: an OpenVINO device string, spaces dropped ("AUTO: GPU, CPU" -> "AUTO:GPU,CPU"); checked at load."""
+    device = "".join(text.split()).upper()
+    if not device or not all(c.isalnum() or c in ".:,()_" for c in device):
+        raise ValueError("expected an OpenVINO device: CPU, GPU, GPU.1, NPU, AUTO, AUTO:GPU,CPU, HETERO:GPU,CPU, ...")
+    return device
+
+
 _EXECUTION_MODES = {"0": "sequential", "sequential": "sequential", "1": "parallel", "parallel": "parallel"}
 _OPT_LEVELS = {
     "disable": "disable", "disabled": "disable", "none": "disable",
@@ -160,6 +176,11 @@ class BackendOptions:
     device_exec_blocks: int = -1  # ge-backend's execution blocks per device; -1: computed. Reported, no effect
     instance_exec_blocks: int = 1  # ge-backend's execution blocks per instance. Reported, no effect
     dump_data: bool = False  # write the first request's every node input and output (profiling/dump_data.py)
+    # engine=onnxruntime: the execution provider; "auto": from instance_group kind and gpu_execution_accelerator
+    # (engines/providers/: cpu, cuda, tensorrt, cann). CANN has no Triton instance kind, so it is asked for by name
+    execution_provider: str = "auto"
+    device: str = "CPU"  # engine=openvino: OpenVINO's device, e.g. GPU, GPU.1, NPU, AUTO, AUTO:GPU,CPU (engines/openvino_device.py)
+    device_fallback: str = "none"  # "cpu": run on the CPU where the asked provider or device is absent; "none": the load fails
 
 
 # key -> (field name, parser). Aliases map several keys onto one field.
@@ -197,6 +218,9 @@ _KEYS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "device_exec_blocks": ("device_exec_blocks", _exec_blocks),
     "instance_exec_blocks": ("instance_exec_blocks", _positive_int),
     "dump_data": ("dump_data", _bool),
+    "execution_provider": ("execution_provider", _provider_name),
+    "device": ("device", _openvino_device),
+    "device_fallback": ("device_fallback", _choice({"none": "none", **{k: "none" for k in _FALSE}, "cpu": "cpu"})),
 }
 # ge-backend's family keys with an equivalent (config/ge_keys.py) parse like the key they stand for;
 # precision_mode_v1 is GE's ge.exec.precision_mode, whose values differ from precision_mode_v2's.

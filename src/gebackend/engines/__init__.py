@@ -1,22 +1,20 @@
 """Graph engines behind one small interface (registered by name in `registry.py`), which one a model's options
-name, and which execution providers an instance gets."""
+name, and which execution providers an instance gets (registered by name in `providers/`)."""
 
 from __future__ import annotations
 
 from typing import Sequence
 
 from gebackend.engines.base import Engine
+from gebackend.engines.providers import Selection, default_providers, select_providers
 from gebackend.engines.registry import kind
 
 
 def providers_for(instance_kind: str = "CPU", device_id: int = 0) -> list:
-    """ONNX Runtime execution providers for a Triton instance: CUDA for KIND_GPU where installed, else CPU."""
-    import onnxruntime as ort
-
-    available = ort.get_available_providers()
-    if instance_kind.upper().endswith("GPU") and "CUDAExecutionProvider" in available:
-        return [("CUDAExecutionProvider", {"device_id": str(device_id)}), "CPUExecutionProvider"]
-    return ["CPUExecutionProvider"]
+    """ONNX Runtime execution providers for a Triton instance without a model spec: CUDA for KIND_GPU where
+    installed, else CPU. Instances of a model get theirs from `select_providers(spec, kind, device_id)`, which also
+    reads the model's accelerators and options and refuses a provider that is missing (engines/providers/)."""
+    return list(default_providers(instance_kind, device_id))
 
 
 def engine_name(options) -> str:
@@ -46,4 +44,5 @@ def create_static_engine(spec, graphs: Sequence, providers: Sequence = ("CPUExec
     return kind(engine_name(spec.options)).static(graphs, spec.options, providers, spec.path, temp_parent)
 
 
-__all__ = ["Engine", "create_engine", "create_static_engine", "engine_name", "providers_for"]
+__all__ = ["Engine", "Selection", "create_engine", "create_static_engine", "engine_name", "providers_for",
+           "select_providers"]

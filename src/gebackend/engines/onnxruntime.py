@@ -21,6 +21,7 @@ from gebackend.engines.base import (
     monotonic_from_wall_ns,
 )
 from gebackend.engines.cpu import PrecisionRun, int8_note
+from gebackend.engines.providers import Selection, as_selection
 from gebackend.engines.registry import EngineKind
 from gebackend.errors import ModelLoadError
 
@@ -69,14 +70,19 @@ def session_options(options: BackendOptions) -> ort.SessionOptions:
 
 
 def open_session(source, so: ort.SessionOptions | None = None, providers: Sequence = ("CPUExecutionProvider",),
-                 disabled: Sequence[str] = ()) -> ort.InferenceSession:
-    """The one place an ONNX Runtime session is made: `source` is a path, serialized bytes or a ModelProto."""
+                 disabled: Sequence[str] = (), fallback: bool = True) -> ort.InferenceSession:
+    """The one place an ONNX Runtime session is made: `source` is a path, serialized bytes or a ModelProto.
+
+    `fallback=False` switches ONNX Runtime's Python fallback off: a session whose accelerator fails to start (or
+    refuses a graph capture) raises instead of being made on the CPU unasked; the engines serving on an accelerator
+    pass it (`device_fallback=cpu` is the user's way to ask for the CPU; engines/providers/)."""
     if isinstance(source, onnx.ModelProto):
         source = source.SerializeToString()
     elif not isinstance(source, bytes):
         source = str(source)
     return ort.InferenceSession(source, sess_options=so if so is not None else internal_options(),
-                                providers=list(providers), disabled_optimizers=list(disabled))
+                                providers=list(providers), disabled_optimizers=list(disabled),
+                                **({} if fallback else {"enable_fallback": 0}))
 
 
 def internal_options(optimize: bool = True, threads: int | None = None, spinning: bool | None = None,
@@ -96,6 +102,11 @@ def internal_options(optimize: bool = True, threads: int | None = None, spinning
     return so
 
 
+def describe_provider(selection: Selection) -> str:
+    """The provider part of an engine's load line: nothing for the plain CPU, else which provider and why."""
+    return "" if selection.kind.name == "cpu" and not selection.note else f" {selection.describe()}"
+
+
 def describe_tuning(options: BackendOptions, disabled: Sequence[str]) -> str:
     """The tuning part of an engine's load line: spinning, disabled optimizers and where they come from."""
     text = f" allow_spinning={options.allow_spinning}" if options.allow_spinning != "auto" else ""
@@ -108,10 +119,10 @@ def describe_tuning(options: BackendOptions, disabled: Sequence[str]) -> str:
 class OrtEngine(Engine):
     name = "onnxruntime"
 
-    def __init__(self, path: Path, options: BackendOptions, providers: Sequence[str] = ("CPUExecutionProvider",)):
+    def __init__(self, path: Path, options: BackendOptions, providers: Sequence = ("CPUExecutionProvider",)):
         self._options = options
         self._path = path
-        self._providers = list(providers)
+        self._selection = as_selection(providers)  # engines/providers/: the entries, and the provider they are
         self._disabled = disabled_optimizers(options, static=False)
         self._swap = ProfilingSwap(self._new_session())
 
@@ -121,9 +132,11 @@ class OrtEngine(Engine):
             so.enable_profiling = True
             so.profile_file_prefix = str(profile_prefix)
         try:
-            return open_session(self._path, so, self._providers, self._disabled)
+            session = open_session(self._path, so, self._selection, self._disabled, fallback=not self._selection.accelerated)
         except Exception as exc:
             raise ModelLoadError(f"ONNX Runtime cannot load {self._path}: {exc}") from None
+        self._selection.verify(session.get_providers())
+        return session
 
     def run(self, feeds: Mapping[str, np.ndarray], output_names: Sequence[str]) -> list[np.ndarray]:
         try:
@@ -151,7 +164,7 @@ class OrtEngine(Engine):
             f"onnxruntime {ort.__version__} providers={self._swap.serving.get_providers()} "
             f"intra_op_threads={o.intra_op_thread_count or 'default'} inter_op_threads={o.inter_op_thread_count or 'default'} "
             f"execution_mode={o.execution_mode} graph_optimization_level={o.graph_optimization_level}"
-            f"{describe_tuning(o, self._disabled)}"
+            f"{describe_tuning(o, self._disabled)}{describe_provider(self._selection)}"
         )
 
     def close(self) -> None:

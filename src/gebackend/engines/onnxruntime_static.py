@@ -5,9 +5,12 @@ graphs share are handed to every session as the same OrtValue (`SessionOptions.a
 so an instance holds them once, not once per bucket; each session is created from the graph's file
 (written once to a private folder), not from bytes, and the in-memory graph is dropped after the
 build, so neither the serialized model nor its weights stay alive per bucket. Input and output buffers are allocated once per
-shape and bound once (IOBinding): a run copies the feeds in, runs, and copies the outputs out. With
-the CUDA execution provider each session is captured as a CUDA graph on its fixed buffers; with the CANN
-provider its graph mode is switched on.
+shape and bound once (IOBinding): a run copies the feeds in, runs, and copies the outputs out. The
+execution provider (engines/providers/) says how each bucket's session is configured and where its buffers
+live: CUDA and TensorRT capture every fully static bucket as a CUDA graph on its buffers in GPU memory, each
+bucket's runs carrying its own RunOptions `gpu_graph_id`; TensorRT builds each bucket's engine for exactly its
+shapes; CANN switches its graph mode on. A capture ONNX Runtime refuses (a node it cannot place on the device)
+is dropped for that bucket, which then runs uncaptured, and the load line says so.
 
 An output whose shape is known only at run time (`compile/runtime_shapes.py`: NonZero, TopK with a tensor
 k, a Reshape to request-given values, ...) is not bound to a buffer: it is re-bound before every run, so
@@ -48,7 +51,9 @@ from gebackend.engines.base import (
     profiled_node_names,
     warm_up,
 )
-from gebackend.engines.onnxruntime import describe_tuning, disabled_optimizers, open_session, session_options
+from gebackend.engines.onnxruntime import (describe_provider, describe_tuning, disabled_optimizers, open_session,
+                                           session_options)
+from gebackend.engines.providers import as_selection, run_options_config
 from gebackend.compile.graph import CompiledGraph
 from gebackend.errors import ModelLoadError
 
@@ -68,6 +73,7 @@ class _Prepared:
     static_nodes: list[str]
     fully_static: bool  # every node's output shape known at compile time: safe to capture as a device graph
     warm_up: bool  # zeros are a safe input: no input's values decide a shape
+    index: int = 0  # the bucket's index (its gpu_graph_id when captured)
 
     @property
     def label(self) -> str:
@@ -83,9 +89,12 @@ def _static_shape(value: onnx.ValueInfoProto) -> tuple[int, ...] | None:
 class _Bound:
     """One session with its inputs and outputs bound to buffers allocated once (runtime-shaped outputs: per run)."""
 
-    def __init__(self, session: ort.InferenceSession, graph: _Prepared, device: str):
+    def __init__(self, session: ort.InferenceSession, graph: _Prepared, device: str, device_id: int = 0,
+                 run_config: Mapping[str, str] | None = None, captured: bool = False):
         self.session = session
-        self.device = device
+        self.device, self.device_id, self.captured = device, device_id, captured
+        self.run_config = dict(run_config or {})  # RunOptions entries every run carries (gpu_graph_id of a capture)
+        self.run_options = run_options_config(self.run_config)
         self.output_order = [m.name for m in session.get_outputs()]
         self.inputs: dict[str, object] = {}
         self.outputs: dict[str, object | None] = {}
@@ -100,7 +109,7 @@ class _Bound:
             shape = graph.shapes[meta.name]
             dtype = _numpy_type(meta.type)
             if device == "cuda":
-                value = ort.OrtValue.ortvalue_from_shape_and_type(shape, dtype, "cuda", 0)
+                value = ort.OrtValue.ortvalue_from_shape_and_type(shape, dtype, "cuda", device_id)
                 self.binding.bind_ortvalue_input(meta.name, value)
             else:
                 value = np.zeros(shape, dtype=dtype)
@@ -109,12 +118,12 @@ class _Bound:
         for meta in session.get_outputs():
             shape = graph.output_shapes.get(meta.name)
             if shape is None:
-                self.binding.bind_output(meta.name, device)  # shape known only at run time
+                self.binding.bind_output(meta.name, device, device_id)  # shape known only at run time
                 self.outputs[meta.name] = None
                 continue
             dtype = _numpy_type(meta.type)
             if device == "cuda":
-                value = ort.OrtValue.ortvalue_from_shape_and_type(shape, dtype, "cuda", 0)
+                value = ort.OrtValue.ortvalue_from_shape_and_type(shape, dtype, "cuda", device_id)
                 self.binding.bind_ortvalue_output(meta.name, value)
             else:
                 value = np.empty(shape, dtype=dtype)
@@ -127,6 +136,7 @@ class _Bound:
         return [(name, self.output_order.index(name)) for name, value in self.outputs.items() if value is None]
 
     def run(self, feeds: Mapping[str, np.ndarray], output_names: Sequence[str], options: ort.RunOptions | None = None) -> list[np.ndarray]:
+        options = options if options is not None else self.run_options
         if self.plain:
             return self.session.run(list(output_names), {name: feeds[name] for name in self.inputs}, options)
         for name, value in self.inputs.items():
@@ -135,7 +145,7 @@ class _Bound:
             else:
                 np.copyto(value, feeds[name])
         for name, _ in self._runtime:  # unallocated again: the binding still holds the last run's value
-            self.binding.bind_output(name, self.device)
+            self.binding.bind_output(name, self.device, self.device_id)
         self.session.run_with_iobinding(self.binding, options)
         fetched = {}
         if self._runtime:
@@ -198,8 +208,9 @@ class OrtStaticEngine(StaticEngine):
             # cores from the one running now (measured: 3.3 ms alone vs 6.5 ms round-robin on 2 cores)
             options = dataclasses.replace(options, allow_spinning="off")
         self._options = options
-        self._providers = list(providers)
-        self.device = "cuda" if any(_provider_name(p) == "CUDAExecutionProvider" for p in providers) else "cpu"
+        self._selection = as_selection(providers)  # engines/providers/: each bucket's provider options
+        self.device = self._selection.device  # where buffers are bound: "cuda" or "cpu"
+        self._refused: list[str] = []  # buckets whose graph capture ONNX Runtime refused
         self._shared: dict[str, tuple[np.ndarray, ort.OrtValue]] = {}
         self._private_bytes = 0
         self._swap: ProfilingSwap[dict[int, _Bound]] = ProfilingSwap({})  # bucket -> its bound session
@@ -217,7 +228,7 @@ class OrtStaticEngine(StaticEngine):
         for number, graph in enumerate(self._graphs):
             bound = self._build(graph)
             self._swap.serving[number] = bound
-            quiet = ort.RunOptions()
+            quiet = run_options_config(bound.run_config) or ort.RunOptions()  # the capture's gpu_graph_id too
             quiet.log_severity_level = 4  # a warm-up failing on zeros is no error worth a log line
             warm_up(lambda: bound.run({n: v.copy() if isinstance(v, np.ndarray) else v.numpy() for n, v in bound.inputs.items()},
                                       bound.output_order, quiet),
@@ -255,9 +266,27 @@ class OrtStaticEngine(StaticEngine):
             static_nodes=list(graph.static_nodes),
             fully_static=graph.fully_static,
             warm_up=not graph.reads_shape_values,
+            index=number - 1,
         )
 
     def _build(self, graph: _Prepared, profile_prefix: Path | None = None) -> _Bound:
+        capture = (self._options.enable_cuda_graph and profile_prefix is None and graph.fully_static
+                   and self._selection.can_capture)
+        try:
+            session = self._open(graph, profile_prefix, capture)
+        except Exception as exc:
+            if not capture:
+                raise ModelLoadError(f"ONNX Runtime cannot build the static graph for {dict(graph.shapes)}: {exc}") from None
+            try:  # e.g. "all compute graph nodes have not been partitioned to the CUDA EP": run it uncaptured
+                session, capture = self._open(graph, profile_prefix, False), False
+            except Exception:  # noqa: BLE001 - the captured build's failure says more
+                raise ModelLoadError(f"ONNX Runtime cannot build the static graph for {dict(graph.shapes)}: {exc}") from None
+            self._refused.append(f"{graph.label}: {str(exc).strip().splitlines()[-1][:200]}")
+        self._selection.verify(session.get_providers())
+        return _Bound(session, graph, self.device, self._selection.device_id,
+                      self._selection.run_config(graph.index, capture), captured=capture)
+
+    def _open(self, graph: _Prepared, profile_prefix: Path | None, capture: bool) -> ort.InferenceSession:
         so = session_options(self._options)
         if profile_prefix is not None:
             so.enable_profiling = True
@@ -266,14 +295,8 @@ class OrtStaticEngine(StaticEngine):
             so.add_free_dimension_override_by_name(name, int(value))
         for name, key in graph.shared.items():
             so.add_initializer(name, self._shared[key][1])
-        providers = self._providers
-        if self._options.enable_cuda_graph and profile_prefix is None and graph.fully_static:
-            providers = [_with_graph_capture(p) for p in providers]
-        try:
-            session = open_session(graph.path, so, providers, self._disabled)
-        except Exception as exc:
-            raise ModelLoadError(f"ONNX Runtime cannot build the static graph for {dict(graph.shapes)}: {exc}") from None
-        return _Bound(session, graph, self.device)
+        return open_session(graph.path, so, self._selection.for_bucket(graph.index, graph.shapes, capture), self._disabled,
+                            fallback=not self._selection.accelerated)
 
     def run_bucket(self, bucket: int, feeds: Mapping[str, np.ndarray], output_names: Sequence[str]) -> list[np.ndarray]:
         with self._swap.lock:
@@ -325,12 +348,16 @@ class OrtStaticEngine(StaticEngine):
 
     def describe(self) -> str:
         o = self._options
-        first = next(iter(self._swap.serving.values()))
+        buckets = list(self._swap.serving.values())
+        captured = sum(b.captured for b in buckets)
+        capture = "on" if captured == len(buckets) else "off" if not captured else f"{captured} of {len(buckets)} buckets"
+        refused = f" (refused: {'; '.join(self._refused)})" if self._refused else ""
         return (
-            f"onnxruntime {ort.__version__} static graph: {len(self._swap.serving)} compiled shape(s), "
-            f"providers={first.session.get_providers()}, weights held once ({self.shared_weight_bytes / 2**20:.1f} MiB), "
-            f"IOBinding on {self.device}, cuda_graph={'on' if self.device == 'cuda' and o.enable_cuda_graph else 'off'}, "
+            f"onnxruntime {ort.__version__} static graph: {len(buckets)} compiled shape(s), "
+            f"providers={buckets[0].session.get_providers()}, weights held once ({self.shared_weight_bytes / 2**20:.1f} MiB), "
+            f"IOBinding on {self.device}, {self._selection.kind.capture_label}={capture}{refused}, "
             f"intra_op_threads={o.intra_op_thread_count or 'default'}{describe_tuning(o, self._disabled)}"
+            f"{describe_provider(self._selection)}"
         )
 
     def close(self) -> None:
@@ -338,19 +365,3 @@ class OrtStaticEngine(StaticEngine):
         self._swap.serving.clear()
         self._shared.clear()
         shutil.rmtree(self._workdir, ignore_errors=True)
-
-
-def _provider_name(provider) -> str:
-    return provider[0] if isinstance(provider, tuple) else provider
-
-
-_GRAPH_CAPTURE = {"CUDAExecutionProvider": "enable_cuda_graph", "CANNExecutionProvider": "enable_cann_graph"}
-
-
-def _with_graph_capture(provider):
-    """Ask an accelerator provider to capture the whole static graph once (CUDA graph, CANN graph mode)."""
-    key = _GRAPH_CAPTURE.get(_provider_name(provider))
-    if key is None:
-        return provider
-    name, opts = (provider if isinstance(provider, tuple) else (provider, {}))
-    return (name, {**opts, key: "1"})

@@ -1,6 +1,8 @@
-"""The OpenVINO engine (CPU): dynamic graph mode (`OvEngine`) and static graphs per bucket (`OvStaticEngine`).
+"""The OpenVINO engine: dynamic graph mode (`OvEngine`) and static graphs per bucket (`OvStaticEngine`).
 
-OpenVINO reads the ONNX file itself (no conversion step) and compiles it for the CPU plugin.
+OpenVINO reads the ONNX file itself (no conversion step) and compiles it for the device the `device` option
+names: the CPU by default, or GPU, NPU, AUTO, HETERO:..., checked against the devices found here
+(engines/openvino_device.py, which also says what each device's plugin is given). What follows is the CPU's case.
 
 Precision is always explicit. On CPUs with AVX-512 BF16 or AMX the CPU plugin silently runs in bf16
 unless told otherwise, so every compiled model gets `INFERENCE_PRECISION_HINT` from `precision_mode`:
@@ -42,7 +44,6 @@ per-run min/max per op after the first run are not).
 
 from __future__ import annotations
 
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,27 +58,13 @@ from gebackend.config.options import BackendOptions
 from gebackend.engines.base import (Engine, EngineInputError, EngineRunError, ProfiledSession, ProfilingSwap, StaticEngine,
                                     bucket_label, warm_up)
 from gebackend.engines.cpu import PrecisionRun, fallback_note
+from gebackend.engines.openvino_device import (CPU_DEVICE, Device, capabilities as device_capabilities, core,  # noqa: F401
+                                              full_name, plugin_config, resolve_device, version)
 from gebackend.engines.openvino_profile import PROVIDER, _Profile, _profile_file  # noqa: F401 - PROVIDER: for callers
 from gebackend.engines.registry import EngineKind
 from gebackend.errors import ModelLoadError
 
-DEVICE = "CPU"
-
-_core: ov.Core | None = None
-_core_lock = threading.Lock()
-
-
-def core() -> ov.Core:
-    """One OpenVINO Core per process (it caches plugins; its methods are thread-safe)."""
-    global _core
-    with _core_lock:
-        if _core is None:
-            _core = ov.Core()
-        return _core
-
-
-def version() -> str:
-    return ov.get_version().split("-")[0]
+DEVICE = "CPU"  # the device whose capabilities `openvino_capabilities` reports
 
 
 # ------------------------------------------------------------------------------------------ precision
@@ -96,8 +83,8 @@ _WANTED = {"origin": ov.Type.f32, "bf16": ov.Type.bf16, "fp16": ov.Type.f16}
 _CAPABILITY = {ov.Type.bf16: "BF16", ov.Type.f16: "FP16"}
 
 
-def resolve_precision(mode: str, capabilities: Sequence[str] | None = None) -> Precision:
-    """The inference precision hint for a precision_mode on this CPU; int8 raises `ModelLoadError`."""
+def resolve_precision(mode: str, capabilities: Sequence[str] | None = None, device: Device = CPU_DEVICE) -> Precision:
+    """The inference precision hint for a precision_mode on `device`; int8 raises `ModelLoadError`."""
     if mode == "int8":
         raise ModelLoadError(
             "precision_mode=int8 is not supported by the OpenVINO engine (it needs calibration data); "
@@ -106,13 +93,15 @@ def resolve_precision(mode: str, capabilities: Sequence[str] | None = None) -> P
         raise ModelLoadError(f"precision_mode={mode!r} is not known to the OpenVINO engine")
     wanted = _WANTED[mode]
     if capabilities is None:
-        capabilities = openvino_capabilities()
+        capabilities = openvino_capabilities() if device.is_cpu else device_capabilities(device)
+    where = (lambda note: note) if device.is_cpu else (lambda note: note.replace("this CPU", f"device {device.name}"))
     if wanted == ov.Type.f16 and "FP16" not in capabilities:
         fallback = ov.Type.bf16 if "BF16" in capabilities else ov.Type.f32
-        return Precision(mode, fallback, fallback_note("fp16", "FP16", _short(fallback)))
+        return Precision(mode, fallback, where(fallback_note("fp16", "FP16", _short(fallback))))
     if wanted == ov.Type.bf16 and "BF16" not in capabilities:
-        return Precision(mode, ov.Type.f32, fallback_note("bf16", "BF16", "f32"))
+        return Precision(mode, ov.Type.f32, where(fallback_note("bf16", "BF16", "f32")))
     return Precision(mode, wanted)
+
 
 
 def openvino_capabilities() -> tuple[str, ...]:
@@ -124,17 +113,9 @@ def _short(t: ov.Type) -> str:
     return {ov.Type.f32: "f32", ov.Type.bf16: "bf16", ov.Type.f16: "f16"}.get(t, str(t))
 
 
-def compile_config(options: BackendOptions, precision: Precision, profile: bool = False) -> dict:
-    """The CPU plugin's properties for one compiled model."""
-    config = {
-        hints.inference_precision: precision.hint,
-        hints.performance_mode: hints.PerformanceMode.LATENCY,
-        props.num_streams: 1,
-        props.enable_profiling: profile,
-    }
-    if options.intra_op_thread_count > 0:
-        config[props.inference_num_threads] = options.intra_op_thread_count
-    return config
+def compile_config(options: BackendOptions, precision: Precision, profile: bool = False, device: Device = CPU_DEVICE) -> dict:
+    """The plugin properties for one compiled model on `device` (engines/openvino_device.py)."""
+    return plugin_config(device, precision.hint, profile, options.intra_op_thread_count)
 
 
 # ------------------------------------------------------------------------------------------ one compiled model
@@ -172,13 +153,13 @@ class _Compiled:
     """One compiled model with its one infer request, its input checks and its output index."""
 
     def __init__(self, model: ov.Model, options: BackendOptions, precision: Precision, what: str, profile: bool = False,
-                 known_inputs: Sequence[str] = ()):
+                 known_inputs: Sequence[str] = (), device: Device = CPU_DEVICE):
         """`known_inputs`: the ONNX file's input names. OpenVINO merges tensor names when it folds (CN_CLIP's
         `image` port is also `/Cast_output_0`), so a port is called by the name the requests use."""
         try:
-            self.compiled = core().compile_model(model, DEVICE, compile_config(options, precision, profile))
+            self.compiled = core().compile_model(model, device.name, compile_config(options, precision, profile, device))
         except Exception as exc:
-            raise ModelLoadError(f"OpenVINO cannot compile {what}: {_message(exc)}") from None
+            raise ModelLoadError(f"OpenVINO cannot compile {what} for {device.name}: {_message(exc)}") from None
         self.request = self.compiled.create_infer_request()
         self.inputs: dict[str, _Port] = {}
         for index, port in enumerate(self.compiled.inputs):
@@ -193,7 +174,11 @@ class _Compiled:
                 self.outputs.setdefault(name, index)
 
     def property(self, key):
-        return self.compiled.get_property(key)
+        """The compiled model's property; None where its device does not report it (AUTO reports no threads)."""
+        try:
+            return self.compiled.get_property(key)
+        except Exception:  # noqa: BLE001
+            return None
 
     def check(self, feeds: Mapping[str, np.ndarray], output_names: Sequence[str]) -> None:
         """Refuse inputs the model cannot take (names, types, ranks, fixed dims) before OpenVINO sees them."""
@@ -243,13 +228,14 @@ class OvEngine(Engine):
     def __init__(self, path: Path, options: BackendOptions):
         self._path = Path(path)
         self._options = options
-        self.precision = resolve_precision(options.precision_mode)
+        self.device = resolve_device(options.device, options.device_fallback)
+        self.precision = resolve_precision(options.precision_mode, device=self.device)
         self._model = _read(str(self._path), str(self._path))
         self._swap: ProfilingSwap[_Compiled] = ProfilingSwap(self._compile())  # state: the _Profile while profiling
 
     def _compile(self, profile: bool = False) -> _Compiled:
         return _Compiled(self._model, self._options, self.precision, str(self._path), profile,
-                         known_inputs=[port.any_name for port in self._model.inputs])
+                         known_inputs=[port.any_name for port in self._model.inputs], device=self.device)
 
     def run(self, feeds: Mapping[str, np.ndarray], output_names: Sequence[str]) -> list[np.ndarray]:
         with self._swap.lock:
@@ -281,7 +267,7 @@ class OvEngine(Engine):
         return [ProfiledSession(file, "dynamic", "dynamic", profile.start_ns, node_order=nodes)]
 
     def describe(self) -> str:
-        return _describe(self._swap.serving, self.precision, "")
+        return _describe(self._swap.serving, self.precision, "", self.device)
 
     def close(self) -> None:
         self._swap.close()
@@ -289,18 +275,24 @@ class OvEngine(Engine):
         self._model = None
 
 
-def _describe(compiled: _Compiled, precision: Precision, extra: str) -> str:
-    running = _short(compiled.property(hints.inference_precision))
-    note = precision.note
-    wanted = _short(precision.hint)
-    if running != wanted:
-        note = (note + "; " if note else "") + f"asked for {wanted}, the CPU plugin runs {running}"
-    return (
-        f"OpenVINO {version()} engine on {DEVICE} ({core().get_property(DEVICE, props.device.full_name)}){extra}: "
-        f"precision={running} (precision_mode={precision.mode}{'; ' + note if note else ''}), "
-        f"threads={compiled.property(props.inference_num_threads)}, streams={compiled.property(props.num_streams)}, "
-        f"hint={compiled.property(hints.performance_mode)}"
-    )
+def _describe(compiled: _Compiled, precision: Precision, extra: str, device: Device = CPU_DEVICE) -> str:
+    ran = compiled.property(hints.inference_precision)  # None: a virtual device's compiled model does not say
+    running = _short(ran) if ran is not None else f"{_short(precision.hint)} asked"
+    note = "; ".join(n for n in (precision.note, device.note) if n)
+    if ran is not None and running != _short(precision.hint):
+        note = (note + "; " if note else "") + f"asked for {_short(precision.hint)}, the {family_of(device)} plugin runs {running}"
+    on = compiled.property(props.execution_devices)
+    settings = [f"{label}={value}" for label, value in (
+        ("threads", compiled.property(props.inference_num_threads)), ("streams", compiled.property(props.num_streams)),
+        ("hint", compiled.property(hints.performance_mode)), ("running on", ",".join(on) if on and device.virtual else None))
+        if value is not None]
+    settings = [s.replace("PerformanceMode.", "") for s in settings]  # AUTO reports the enum, the CPU its name
+    return (f"OpenVINO {version()} engine on {device.name} ({full_name(device)}){extra}: "
+            f"precision={running} (precision_mode={precision.mode}{'; ' + note if note else ''}), {', '.join(settings)}")
+
+
+def family_of(device: Device) -> str:
+    return device.targets[0].split(".")[0] if len(device.targets) == 1 else device.name
 
 
 # ------------------------------------------------------------------------------------------ static engine
@@ -353,7 +345,8 @@ class OvStaticEngine(StaticEngine):
         and reshapes a copy per bucket instead of reading each bucket's graph: the copies share their constants."""
         super().__init__([g.shapes for g in graphs])
         self._options = options
-        self.precision = resolve_precision(options.precision_mode)
+        self.device = resolve_device(options.device, options.device_fallback)
+        self.precision = resolve_precision(options.precision_mode, device=self.device)
         self._graphs = list(graphs)
         if not self._graphs:
             raise ModelLoadError("the OpenVINO static engine needs at least one compiled graph")
@@ -375,7 +368,7 @@ class OvStaticEngine(StaticEngine):
     def _build(self, profile: bool = False) -> dict[int, _Bucket]:
         return {
             number: _Bucket(_Compiled(m, self._options, self.precision, f"the static graph for {dict(g.shapes)}",
-                                              profile, known_inputs=list(g.shapes)), g.shapes)
+                                              profile, known_inputs=list(g.shapes), device=self.device), g.shapes)
             for number, (g, m) in enumerate(zip(self._graphs, self._models))
         }
 
@@ -412,7 +405,8 @@ class OvStaticEngine(StaticEngine):
     def describe(self) -> str:
         first = next(iter(self._swap.serving.values())).compiled
         held = "constants shared, repacked weights per shape" if self._shared_source else "weights held per shape"
-        return _describe(first, self.precision, f" static graph, {len(self._swap.serving)} compiled shape(s), {held}")
+        return _describe(first, self.precision, f" static graph, {len(self._swap.serving)} compiled shape(s), {held}",
+                         self.device)
 
     def close(self) -> None:
         self._swap.close()

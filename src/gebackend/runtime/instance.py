@@ -24,7 +24,7 @@ from gebackend.config.onnx_signature import read_signature
 from gebackend.config.option_report import load_report
 from gebackend.config.options import ParsedOptions, global_options_from_env, model_parameters, parse_options
 from gebackend.config.spec import ModelSpec, build_model_spec
-from gebackend.engines import providers_for
+from gebackend.engines import select_providers
 from gebackend.profiling.control import ProfilingControl
 from gebackend.profiling.dump_data import FirstRequestDump, first_request_dump
 from gebackend.control.core_ledger import CoreLedger
@@ -89,10 +89,12 @@ class ModelInstance:
         for warn, line in load_report(parsed, config, instance.kind):
             (log.warn if warn else log.info)(f"gebackend: model '{name}': {line}")
         say = lambda m: log.info(f"gebackend: model '{name}': {m}")  # noqa: E731
+        in_repository = path  # caches (TensorRT's engines) are kept beside this file, not beside a temporary copy
         path = aliased_model(config, path, say, server_temp_parent())  # npu_ge: names paired by position
         options, ledger = _pin(name, instance, config, parsed.options, log) if pin else (parsed.options, None)
         spec = build_model_spec(config, read_signature(path), path, options)
-        providers = providers_for(instance.kind, instance.device_id)
+        providers = select_providers(spec, instance.kind, instance.device_id, model_path=in_repository,
+                                     instance_index=_instance_index(name, instance, config))
         executor, how = load_executor(spec, providers, say)
         seconds = time.perf_counter() - started
         log.info(f"gebackend: model '{name}' instance '{instance.name}' loaded {path.name} in {seconds:.2f}s: "
@@ -181,6 +183,13 @@ def _pin(name: str, instance: InstanceInfo, config: Mapping[str, Any], options, 
                f"inter_op_threads={pinned.inter_op_thread_count} allow_spinning={pinned.allow_spinning}")
     (log.warn if plan.note or notes else log.info)(f"gebackend: model '{name}': {'; '.join([message, *notes])}")
     return pinned, ledger
+
+
+def _instance_index(name: str, instance: InstanceInfo, config: Mapping[str, Any]) -> int:
+    """This instance's index among its model's instances, which picks its entry of `device_ids`."""
+    from gebackend.runtime.pinning import instance_position
+
+    return instance_position(name, instance.name, config.get("instance_group") or [], instance.device_id).index
 
 
 def _control_dir() -> Path | None:

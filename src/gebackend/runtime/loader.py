@@ -30,7 +30,9 @@ def load_executor(
     """The executor for a model and one line describing how it runs."""
     folder: Path | None = None
     precision = ""
-    if spec.options.precision_mode != "origin" and not kind(engine_name(spec.options)).lowers_in_engine:
+    # lowered here unless the engine (OpenVINO's precision hint) or the provider (TensorRT, CANN) applies it itself
+    if (spec.options.precision_mode != "origin" and not kind(engine_name(spec.options)).lowers_in_engine
+            and not getattr(providers, "lowers_precision", False)):
         folder = _lowered_dir(spec.name)
         try:
             spec, precision = _lower(spec, folder, providers, log)

@@ -500,11 +500,14 @@ def _waiting_on(line: str) -> str | None:
 
 
 def repository_fingerprints(repository: Path) -> dict[str, tuple]:
-    """Per model folder, the (path, size, mtime) of every file in it: what a reload compares."""
+    """Per model folder, the (path, size, mtime) of every file in it: what a reload compares. Hidden folders (the
+    caches gebackend keeps beside a model, `.gebackend-cache/`) are not the model: writing them reloads nothing."""
     found = {}
     for folder in sorted(p for p in repository.iterdir() if p.is_dir() and not p.name.startswith(".")):
         entries = []
         for path in sorted(folder.rglob("*")):
+            if any(part.startswith(".") for part in path.relative_to(folder).parts):
+                continue
             try:
                 stat = path.stat()
             except OSError:
