@@ -64,17 +64,18 @@ def trt_folder(path: Path) -> Path:
 
 
 def test_every_provider_is_one_module_and_one_line_declaring_what_it_needs():
-    assert names() == ("tensorrt", "cuda", "cpu")  # table order is auto's preference order
+    assert names() == ("tensorrt", "cuda", "cann", "cpu")  # table order is auto's preference order
     for name in names():
         provider = kind(name)
         assert provider.name == name and provider.ort_names and provider.package and provider.install
     assert kind("cuda").ort_names == (CUDA,) and kind("cuda").package == "onnxruntime-gpu"
     assert kind("tensorrt").ort_names == (TRT, CUDA) and kind("tensorrt").package == "onnxruntime-gpu"
-    assert kind("cuda").default_for == ("GPU",) and "CPU" in kind("cpu").default_for
+    assert kind("cann").ort_names == (CANN,) and kind("cann").package == "onnxruntime-cann"
+    assert kind("cuda").default_for == ("GPU",) and "CPU" in kind("cpu").default_for and kind("cann").default_for == ()
 
 
 def test_an_unknown_provider_is_named_with_the_known_ones(model_file):
-    with pytest.raises(ModelLoadError, match="unknown execution_provider 'rocm': expected auto or one of tensorrt, cuda, cpu"):
+    with pytest.raises(ModelLoadError, match="unknown execution_provider 'rocm': expected auto or one of tensorrt, cuda, cann, cpu"):
         select_providers(spec_of(model_file, {"execution_provider": "rocm"}), available=NVIDIA)
 
 
@@ -318,6 +319,49 @@ def test_tensorrt_missing_fails_naming_what_to_install(model_file):
     assert "no TensorrtExecutionProvider" in str(error.value) and "pip install onnxruntime-gpu tensorrt" in str(error.value)
 
 
+# ------------------------------------------------------------------------------------------ CANN
+
+
+def test_cann_by_name_on_its_device_ids_entry(model_file):
+    spec = spec_of(model_file, {"execution_provider": "cann", "device_ids": "4,5"})
+    assert select_providers(spec, "KIND_CPU", 0, available=ASCEND, instance_index=0)[0][1]["device_id"] == "4"
+    chosen = select_providers(spec, "KIND_MODEL", 0, available=ASCEND, instance_index=3)
+    assert list(chosen) == [(CANN, {"device_id": "5", "precision_mode": "must_keep_origin_dtype", "enable_cann_graph": "0"}), CPU]
+    assert chosen.device == "cpu" and chosen.lowers_precision and chosen.describe() == "execution_provider=cann device_id=5"
+
+
+@pytest.mark.parametrize("key,value,cann", [
+    ("session.ge.exec.precision_mode_v2", "mixed_float16", "allow_mix_precision_fp16"),
+    ("session.ge.exec.precision_mode_v2", "fp16", "allow_mix_precision_fp16"),
+    ("ge.exec.precision_mode_v2", "mixed_bf16", "allow_mix_precision_bf16"),
+    ("session.ge.exec.precision_mode_v2", "must_keep_origin_dtype", "must_keep_origin_dtype"),
+    ("precision_mode", "bf16", "allow_mix_precision_bf16"),
+])
+def test_cann_precision_mode_from_the_ge_keys(model_file, key, value, cann):
+    spec = spec_of(model_file, {"execution_provider": "cann", key: value})
+    assert select_providers(spec, "CPU", 0, available=ASCEND)[0][1]["precision_mode"] == cann
+
+
+def test_cann_graph_mode_for_static_buckets_only(model_file):
+    spec = spec_of(model_file, {"execution_provider": "cann", **BUCKETS})
+    chosen = select_providers(spec, "CPU", 0, available=ASCEND)
+    assert chosen[0][1]["enable_cann_graph"] == "0"  # the dynamic graph: operator by operator
+    assert chosen.for_bucket(1, spec.static_shapes[1], capture=True)[0][1]["enable_cann_graph"] == "1"
+    assert chosen.for_bucket(1, spec.static_shapes[1], capture=False)[0][1]["enable_cann_graph"] == "0"
+    assert chosen.run_config(1, True) == {}  # no gpu_graph_id: one session per bucket, one graph each
+
+
+def test_cann_refuses_int8_and_fails_without_onnxruntime_cann(model_file):
+    with pytest.raises(ModelLoadError, match="precision_mode=int8 is not available on the CANN provider"):
+        select_providers(spec_of(model_file, {"execution_provider": "cann", "precision_mode": "int8"}), available=ASCEND)
+    with pytest.raises(ModelLoadError) as error:
+        select_providers(spec_of(model_file, {"execution_provider": "cann"}), "CPU", 0, available=NVIDIA)
+    assert "execution_provider=cann asks for the cann execution provider" in str(error.value)
+    assert "no CANNExecutionProvider" in str(error.value) and "pip install onnxruntime-cann" in str(error.value)
+    fallback = select_providers(spec_of(model_file, {"execution_provider": "cann", "device_fallback": "cpu"}), available=CPU_ONLY)
+    assert list(fallback) == [CPU] and "onnxruntime-cann" in fallback.note
+
+
 # ------------------------------------------------------------------------------------------ OpenVINO devices
 
 try:
@@ -465,6 +509,11 @@ def test_real_tensorrt_run(model_file):
     dynamic, static = _run_on(TRT, model_file, {}, accelerators({"name": "tensorrt"}))
     assert "execution_provider=tensorrt" in static
     assert any((trt_folder(model_file)).glob("bucket-*/*")), "TensorRT wrote no engine into the cache beside the model"
+
+
+def test_real_cann_run(model_file):
+    dynamic, static = _run_on(CANN, model_file, {"execution_provider": "cann"}, instance_kind="CPU")
+    assert "execution_provider=cann" in static and "cann_graph=" in static
 
 
 def test_real_cpu_selection_runs_here(model_file):

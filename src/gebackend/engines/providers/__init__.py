@@ -40,6 +40,7 @@ from gebackend.errors import ModelLoadError
 _MODULES = {
     "tensorrt": "gebackend.engines.providers.tensorrt",
     "cuda": "gebackend.engines.providers.cuda",
+    "cann": "gebackend.engines.providers.cann",
     "cpu": "gebackend.engines.providers.cpu",
 }
 
