@@ -4,8 +4,9 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 REPO := examples/model_repository
+CNCLIP_REPO := examples/cnclip_repository
 
-.PHONY: setup models serve test clean tools
+.PHONY: setup models serve test clean tools cnclip serve-cnclip
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -20,6 +21,19 @@ models: $(STAMP)
 serve: setup
 	$(VENV)/bin/gebackend serve $(REPO)
 
+# CN_CLIP as two ensembles (bytes/text -> preprocessing -> encoder -> L2 norm): writes the encoders, the normalisation
+# model and cn_clip's vocab into $(CNCLIP_REPO). The real CN_CLIP encoders when torch is installed (the `cnclip`
+# extra), else small stand-ins with CN_CLIP's interface (the log says which). CNCLIP_ENCODERS=standin|cnclip|cnclip_l4
+# chooses; CNCLIP_IMAGE_ONNX / CNCLIP_TEXT_ONNX take files exported by cn_clip's deploy/pytorch_to_onnx.py.
+CNCLIP_ARGS = --encoders $(or $(CNCLIP_ENCODERS),auto) $(if $(CNCLIP_IMAGE_ONNX),--image-onnx $(CNCLIP_IMAGE_ONNX)) \
+    $(if $(CNCLIP_TEXT_ONNX),--text-onnx $(CNCLIP_TEXT_ONNX)) $(if $(FORCE),--force)
+
+cnclip: $(STAMP)
+	$(PY) -m gebackend.modelzoo.cnclip_repository $(CNCLIP_REPO) $(strip $(CNCLIP_ARGS))
+
+serve-cnclip: cnclip
+	$(VENV)/bin/gebackend serve $(CNCLIP_REPO)
+
 test: setup
 	$(PY) -m pytest
 
@@ -28,4 +42,4 @@ tools: $(STAMP)
 	bash tools/install_perf_analyzer.sh $(PY)
 
 clean:
-	rm -rf $(VENV) $(REPO)/*/[0-9]*/
+	rm -rf $(VENV) $(REPO)/*/[0-9]*/ $(CNCLIP_REPO)/*/[0-9]*/

@@ -22,10 +22,8 @@ torchvision, which this torch cannot import). No weights are downloaded: paramet
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 import types
-import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -33,7 +31,8 @@ from typing import Callable
 import numpy as np
 import onnx
 
-CN_CLIP_VERSION = "1.6.0"
+from gebackend.modelzoo.cnclip_wheel import CN_CLIP_VERSION, cn_clip_source  # noqa: F401 (CN_CLIP_VERSION: re-exported)
+
 OPSET = 14
 DEFAULT_CACHE = Path("bench/models")
 
@@ -181,26 +180,6 @@ def _export(module, args: tuple, path: Path, input_names: list[str], output_name
 def _export_resnet50(path: Path) -> None:
     torch = _torch()
     _export(_resnet50_module(), (torch.randn(1, 3, 224, 224),), path, ["image"], ["logits"])
-
-
-def cn_clip_source(cache: Path) -> Path:
-    """cn_clip's model files, extracted from its wheel (downloaded once with `pip download --no-deps`)."""
-    root = Path(cache).resolve() / f"cn_clip-{CN_CLIP_VERSION}"
-    marker = root / "cn_clip" / "clip" / "model.py"
-    if marker.is_file():
-        return root
-    wheels = Path(cache).resolve() / "wheels"
-    wheels.mkdir(parents=True, exist_ok=True)
-    found = sorted(wheels.glob(f"cn_clip-{CN_CLIP_VERSION}-*.whl"))
-    if not found:
-        subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:",
-                        f"cn_clip=={CN_CLIP_VERSION}", "-d", str(wheels)], check=True)
-        found = sorted(wheels.glob(f"cn_clip-{CN_CLIP_VERSION}-*.whl"))
-    with zipfile.ZipFile(found[0]) as zf:
-        for member in zf.namelist():
-            if member.startswith("cn_clip/clip/") and (member.endswith(".py") or member.endswith(".json")):
-                zf.extract(member, root)
-    return root
 
 
 def load_cn_clip(cache: Path, layers: int | None = None):

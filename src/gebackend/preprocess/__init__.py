@@ -1,0 +1,7 @@
+"""CN_CLIP's preprocessing served as Triton models: image bytes -> pixels (`image.py`), text -> token ids (`text.py`).
+
+`models.py` says what each preprocessing backend is (its tensors, parameters, and the work per item),
+`vocab.py` where the text model finds its vocabulary, and `serving.py` speaks Triton's Python-backend API
+for both (auto-complete, per-request errors). The adapters Triton loads are `triton/cnclip_image_preprocess.py`
+and `triton/cnclip_text_preprocess.py`, laid out by `gebackend serve` as backends of those names.
+"""
