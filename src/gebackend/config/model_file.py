@@ -5,9 +5,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from gebackend.control import env
 from gebackend.errors import ConfigError
 
-REPOSITORY_ENV_VAR = "GE_MODEL_REPOSITORY"
+REPOSITORY_ENV_VAR = env.MODEL_REPOSITORY  # where the CLI says the repositories are (control/env.py)
 
 
 def find_model_file(version_dir: str | Path, default_model_filename: str = "") -> Path:

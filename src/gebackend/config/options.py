@@ -26,9 +26,10 @@ from typing import Any, Callable, Mapping
 
 from gebackend.config.accelerators import Accelerators, parse_accelerators
 from gebackend.config.ge_keys import ALIASES, PRECISION_V1, is_ge_family
+from gebackend.control import env
 from gebackend.errors import ConfigError
 
-ENV_VAR = "GE_BACKEND_CONFIG"
+ENV_VAR = env.BACKEND_CONFIG  # the server-wide options the CLI passes (control/env.py)
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}

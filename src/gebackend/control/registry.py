@@ -14,7 +14,6 @@ from pathlib import Path
 
 from gebackend.errors import GeBackendError
 
-CONTROL_ENV_VAR = "GE_CONTROL_DIR"
 
 
 def registry_dir() -> Path:

@@ -14,14 +14,13 @@ marker, which `gebackend profile stop` waits for before it renders the report.
 from __future__ import annotations
 
 import json
-import os
 import threading
 import time
 from pathlib import Path
 from typing import Callable, Sequence
 
 from gebackend.engines.base import Engine
-from gebackend.control.registry import CONTROL_ENV_VAR
+from gebackend.control.env import control_dir as server_control_dir
 
 POLL_SECONDS = 0.25
 
@@ -55,7 +54,7 @@ class ProfilingControl:
         if mode == "true":
             self.start(new_capture_dir(profiling_dir, model))
         elif mode == "dynamic":
-            directory = control_dir or (Path(os.environ[CONTROL_ENV_VAR]) if os.environ.get(CONTROL_ENV_VAR) else None)
+            directory = control_dir or server_control_dir()
             if directory is None:
                 log("profiling=dynamic needs `gebackend serve` (no control folder): profiling stays off")
             else:

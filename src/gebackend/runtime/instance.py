@@ -10,7 +10,6 @@ and the bench's in-process ceiling (`bench/inprocess.py`) loads through this sam
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,9 +28,9 @@ from gebackend.profiling.control import ProfilingControl
 from gebackend.profiling.dump_data import FirstRequestDump, first_request_dump
 from gebackend.control.core_ledger import CoreLedger
 from gebackend.runtime.executor import Executor
-from gebackend.runtime.loader import load_executor, server_temp_parent
+from gebackend.runtime.loader import load_executor
 from gebackend.control.heartbeat import Heartbeat
-from gebackend.control.registry import CONTROL_ENV_VAR
+from gebackend.control.env import control_dir, server_temp_parent
 
 
 class InstanceLog(Protocol):
@@ -167,7 +166,7 @@ def _pin(name: str, instance: InstanceInfo, config: Mapping[str, Any], options, 
                                  instance.device_id)
         if plan is None:
             return options, None
-        control = _control_dir()
+        control = control_dir()
         if control is not None:  # under `gebackend serve`: take the cores other models left free
             ledger = CoreLedger(control)
             claim = ledger.claim(name, instance.name, plan.cpus, plan.usable)
@@ -192,15 +191,9 @@ def _instance_index(name: str, instance: InstanceInfo, config: Mapping[str, Any]
     return instance_position(name, instance.name, config.get("instance_group") or [], instance.device_id).index
 
 
-def _control_dir() -> Path | None:
-    """The control folder of the `gebackend serve` running this instance (None under a plain tritonserver)."""
-    control = os.environ.get(CONTROL_ENV_VAR)
-    return Path(control) if control else None
-
-
 def _heartbeat(spec: ModelSpec) -> Heartbeat | None:
     """Beat for the watchdog of `gebackend serve` (none without it, or with hang_timeout_s=0)."""
-    control = _control_dir()
+    control = control_dir()
     if control is None or spec.options.hang_timeout_s <= 0:
         return None
     return Heartbeat(control, spec.options.hang_timeout_s)

@@ -8,7 +8,6 @@ through the original and the lowered model and the load log says how close they 
 from __future__ import annotations
 
 import dataclasses
-import os
 import shutil
 import tempfile
 import weakref
@@ -16,6 +15,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from gebackend.config.spec import ModelSpec
+from gebackend.control.env import server_temp_parent
 from gebackend.engines import create_engine, create_static_engine, engine_name
 from gebackend.engines.registry import kind
 from gebackend.errors import GeBackendError, ModelLoadError
@@ -48,15 +48,6 @@ def load_executor(
     if folder is not None:
         weakref.finalize(executor, shutil.rmtree, str(folder), True)  # the engines re-open it to profile
     return executor, f"{precision}{how}"
-
-
-def server_temp_parent() -> Path | None:
-    """The server's own temp folder when served by `gebackend serve`, which it removes at shutdown even if
-    this process is killed; None elsewhere (then the system temp folder is used)."""
-    from gebackend.control.registry import CONTROL_ENV_VAR
-
-    control = os.environ.get(CONTROL_ENV_VAR)
-    return Path(control).parent if control and Path(control).parent.is_dir() else None
 
 
 def _lowered_dir(model: str) -> Path:

@@ -29,13 +29,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Sequence
 
-from gebackend.config.model_file import REPOSITORY_ENV_VAR
-from gebackend.config.options import ENV_VAR as OPTIONS_ENV_VAR
 from gebackend.errors import GeBackendError
 from gebackend.server.distribution import TritonDistribution, find_triton
-from gebackend.control import registry
+from gebackend.control import env as control_env, registry
 from gebackend.server.layout import lay_out_backends
-from gebackend.control.registry import CONTROL_ENV_VAR
 
 SHM_DIR = Path("/dev/shm")
 # The header that unlocks Triton's model-repository API (index, load, unload) when clients may not use it.
@@ -192,10 +189,10 @@ class TritonServer:
         if sysconfig.get_config_var("Py_ENABLE_SHARED"):
             libdirs.insert(0, str(sysconfig.get_config_var("LIBDIR")))
         env["LD_LIBRARY_PATH"] = os.pathsep.join(libdirs + [p for p in [env.get("LD_LIBRARY_PATH")] if p])
-        env[OPTIONS_ENV_VAR] = json.dumps(self.settings.backend_options)
-        env[REPOSITORY_ENV_VAR] = str(self.settings.model_repository)
+        env[control_env.BACKEND_CONFIG] = json.dumps(self.settings.backend_options)
+        env[control_env.MODEL_REPOSITORY] = str(self.settings.model_repository)
         if self.control_dir is not None:
-            env[CONTROL_ENV_VAR] = str(self.control_dir)
+            env[control_env.CONTROL_DIR] = str(self.control_dir)
         env.setdefault("PYTHONUNBUFFERED", "1")
         return env
 
