@@ -15,7 +15,6 @@ from pathlib import Path
 from gebackend.errors import GeBackendError
 
 
-
 def registry_dir() -> Path:
     base = os.environ.get("GE_RUNTIME_DIR") or os.environ.get("XDG_RUNTIME_DIR") or Path.home() / ".cache"
     return Path(base) / "gebackend" / "servers"
