@@ -7,7 +7,8 @@ import pytest
 from gebackend.config.onnx_signature import signature_of
 from gebackend.config.options import BackendOptions
 from gebackend.config.spec import reconcile
-from gebackend.config.static_shapes import compiled_shapes, parse_buckets, shapes_from_config
+from gebackend.config.spec import shapes_from_config
+from gebackend.config.static_shapes import compiled_shapes, parse_buckets
 from gebackend.errors import ConfigError
 from gebackend.modelzoo import build_bert, build_identity_fixed, build_resnet
 

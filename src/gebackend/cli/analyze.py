@@ -76,7 +76,7 @@ def _config_shapes(path: Path, model: onnx.ModelProto) -> tuple[dict[str, tuple[
     """The first shape set the config compiles, and how many there are."""
     from gebackend.config.onnx_signature import signature_of
     from gebackend.config.pbtxt import load_model_config
-    from gebackend.config.static_shapes import shapes_from_config  # written alongside; imported on use
+    from gebackend.config.spec import shapes_from_config  # imported on use
 
     shape_sets = shapes_from_config(load_model_config(path), signature_of(model))
     return (dict(shape_sets[0]) if shape_sets else {}), len(shape_sets)

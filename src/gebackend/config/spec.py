@@ -13,7 +13,8 @@ from typing import Any, Mapping, Sequence
 
 from gebackend.config import dtypes
 from gebackend.config.onnx_signature import Dim, OnnxTensor, Signature
-from gebackend.config.options import BackendOptions
+from gebackend.config.options import BackendOptions, model_parameters, parse_options
+from gebackend.config.static_shapes import Shapes, check_paddable, compiled_shapes
 from gebackend.errors import ConfigError
 
 _SCHEDULERS = ("dynamic_batching", "sequence_batching", "ensemble_scheduling")
@@ -213,8 +214,14 @@ def build_model_spec(
             f"model '{name}': the ONNX file has a variable batch dim on every tensor but config.pbtxt sets "
             f"max_batch_size: 0 without spelling out full-rank dims; set max_batch_size or the dims"
         )
-    from gebackend.config.static_shapes import check_paddable, compiled_shapes
-
     shapes = compiled_shapes(name, result.max_batch_size, result.inputs, options)
     check_paddable(name, result.inputs, options)
     return ModelSpec(name, path, result.max_batch_size, result.inputs, result.outputs, options, tuple(shapes))
+
+
+def shapes_from_config(config: Mapping, signature: Signature) -> list[Shapes]:
+    """The compiled shapes of a config.pbtxt (as a dict) for an ONNX signature, for `gebackend analyze`."""
+    name = config.get("name", "model")
+    options = parse_options(name, {}, model_parameters(config), config).options
+    result = reconcile(name, config, signature, options.default_max_batch_size)
+    return compiled_shapes(name, result.max_batch_size, result.inputs, options)

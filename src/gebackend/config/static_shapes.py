@@ -9,12 +9,13 @@ config.pbtxt fixes, with batch sizes 1, 2, 4, ... up to max_batch_size when the 
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from typing import TYPE_CHECKING, Sequence
 
-from gebackend.config.onnx_signature import Signature
-from gebackend.config.options import BackendOptions, model_parameters, parse_options
-from gebackend.config.spec import TensorSpec
+from gebackend.config.options import BackendOptions
 from gebackend.errors import ConfigError
+
+if TYPE_CHECKING:  # spec.py builds on this module: no import back at run time
+    from gebackend.config.spec import TensorSpec
 
 Shapes = dict[str, tuple[int, ...]]  # input name -> full shape (batch dim included when batching)
 
@@ -138,13 +139,3 @@ def check_paddable(model: str, inputs: Sequence[TensorSpec], options: BackendOpt
             raise ConfigError(
                 f"model '{model}': bucket_paddable_dims names dim '{name}', but the model's named dims are {sorted(labels)}"
             )
-
-
-def shapes_from_config(config: Mapping, signature: Signature) -> list[Shapes]:
-    """The compiled shapes of a config.pbtxt (as a dict) for an ONNX signature, for `gebackend analyze`."""
-    from gebackend.config.spec import reconcile
-
-    name = config.get("name", "model")
-    options = parse_options(name, {}, model_parameters(config), config).options
-    result = reconcile(name, config, signature, options.default_max_batch_size)
-    return compiled_shapes(name, result.max_batch_size, result.inputs, options)
