@@ -20,7 +20,8 @@ from gebackend.compile.pipeline import compile_static  # noqa: E402
 from gebackend.config.options import BackendOptions  # noqa: E402
 from gebackend.engines import create_engine, create_static_engine  # noqa: E402
 from gebackend.engines.base import EngineInputError  # noqa: E402
-from gebackend.engines.openvino import PROVIDER, OvEngine, OvStaticEngine, core, resolve_precision  # noqa: E402
+from gebackend.engines.openvino import PROVIDER, OvEngine, core, resolve_precision  # noqa: E402
+from gebackend.engines.openvino_static import OvStaticEngine  # noqa: E402
 from gebackend.errors import ModelLoadError  # noqa: E402
 from gebackend.modelzoo import build_bert, build_resnet  # noqa: E402
 from gebackend.profiling import load_capture, render  # noqa: E402
