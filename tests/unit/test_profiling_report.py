@@ -17,7 +17,8 @@ import pytest
 from gebackend.errors import GeBackendError
 from gebackend.modelzoo import build_add_mul, build_nonzero
 from gebackend.profiling import load_capture, render
-from gebackend.profiling.report import Session, static_mode_line
+from gebackend.profiling.render import static_mode_line
+from gebackend.profiling.report import Session
 
 GAP_S = 0.002  # between runs, so a request boundary on the wrong clock or run cannot pass the alignment check
 #: instance -> (dynamic runs, static runs)

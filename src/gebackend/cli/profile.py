@@ -76,7 +76,7 @@ def start(url: str, models: list[str], out: str) -> int:
 
 def stop(url: str, models: list[str]) -> int:
     from gebackend.profiling.plot import plot_top_ops
-    from gebackend.profiling.report import render
+    from gebackend.profiling.render import render
 
     control = control_dir_for(_port(url))
     code = 0
@@ -105,7 +105,7 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
     try:
         if args.action == "report":
             from gebackend.profiling.plot import plot_timeline, plot_top_ops
-            from gebackend.profiling.report import render
+            from gebackend.profiling.render import render
 
             written = render(args.capture)
             plot_top_ops(args.capture)

@@ -142,7 +142,7 @@ class ModelInstance:
         """profiling=true: render the report when the model unloads; a failure here must not fail the unload."""
         log = self._log
         try:
-            from gebackend.profiling.report import render
+            from gebackend.profiling.render import render
 
             render(capture)
             if log is not None:
