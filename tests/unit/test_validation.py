@@ -173,3 +173,31 @@ def test_empty_image(resnet_spec):
     message = _refused(resnet_spec, _image(rows=0))
     assert "'resnet_ge'" in message and "'image'" in message
     assert "[0, 3, 64, 64]" in message
+
+
+def test_the_validator_remembers_each_signature_and_says_the_same(bert_spec, monkeypatch):
+    from gebackend.runtime import validation
+
+    checker = validation.RequestValidator(bert_spec)
+    calls = []
+    real = validation.validate_request
+    monkeypatch.setattr(validation, "validate_request", lambda spec, inputs: calls.append(1) or real(spec, inputs))
+    bad = _bert(mask_seq=8)
+    messages = []
+    for _ in range(3):
+        checker.check(_bert(2, 7))  # valid: no exception
+        with pytest.raises(InvalidRequest) as info:
+            checker.check(bad)
+        messages.append(str(info.value))
+    assert len(calls) == 2  # one check per signature, then remembered
+    assert messages == [real_message(bert_spec, bad)] * 3
+    with pytest.raises(InvalidRequest, match="int32"):  # another dtype is another signature
+        checker.check(_bert(2, 7, ids_dtype=np.int32))
+    checker.LIMIT = 3
+    for seq in range(1, 6):  # the memory is bounded
+        checker.check(_bert(1, seq))
+    assert len(checker._verdicts) <= 3
+
+
+def real_message(spec, inputs) -> str:
+    return _refused(spec, inputs)

@@ -16,7 +16,7 @@ from gebackend.errors import GeBackendError, InvalidRequest
 from gebackend.runtime import batching
 from gebackend.engines.base import Engine
 from gebackend.runtime.runners import DynamicRunner, InternalError
-from gebackend.runtime.validation import validate_request
+from gebackend.runtime.validation import RequestValidator
 
 Tensors = Mapping[str, np.ndarray]
 Result = Union[dict, GeBackendError]  # the outputs of one request, or why it failed
@@ -34,6 +34,7 @@ class Executor:
     def __init__(self, spec: ModelSpec, runner: Runner):
         self.spec = spec
         self.runner = runner
+        self._validator = RequestValidator(spec)
 
     @classmethod
     def dynamic(cls, spec: ModelSpec, engine: Engine) -> "Executor":
@@ -45,7 +46,7 @@ class Executor:
         runnable: list[int] = []
         for index, inputs in enumerate(requests):
             try:
-                validate_request(self.spec, inputs)
+                self._validator.check(inputs)
                 runnable.append(index)
             except InvalidRequest as exc:
                 results[index] = exc

