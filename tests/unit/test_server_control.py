@@ -9,14 +9,8 @@ from pathlib import Path
 import pytest
 
 from gebackend.server import watchdog as wd
-from gebackend.server.launcher import (
-    CONTROL_HEADER,
-    ModelControl,
-    ServerSettings,
-    _waiting_on,
-    flag_values,
-    restriction_for,
-)
+from gebackend.server.launcher import ServerSettings, _waiting_on
+from gebackend.server.repository_client import CONTROL_HEADER, ModelControl, flag_values, restriction_for
 
 
 def settings(extra=(), allow=False) -> ServerSettings:
@@ -313,7 +307,7 @@ def test_watchdog_with_healing_off_only_reports():
 
 
 def test_repository_fingerprints_change_with_any_file_of_a_model(tmp_path):
-    from gebackend.server.launcher import repository_fingerprints
+    from gebackend.server.repository_client import repository_fingerprints
 
     (tmp_path / "a" / "1").mkdir(parents=True)
     (tmp_path / "a" / "1" / "model.onnx").write_bytes(b"1")

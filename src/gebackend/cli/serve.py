@@ -11,15 +11,8 @@ from pathlib import Path
 from gebackend.config.options import parse_backend_config_args
 from gebackend.config.pbtxt import config_parse_error
 from gebackend.errors import GeBackendError
-from gebackend.server.launcher import (
-    ServerSettings,
-    Shutdown,
-    TritonServer,
-    flag_values,
-    format_model_table,
-    load_failure_reason,
-    repository_fingerprints,
-)
+from gebackend.server.launcher import ServerSettings, Shutdown, TritonServer
+from gebackend.server.repository_client import flag_values, format_model_table, load_failure_reason, repository_fingerprints
 from gebackend.server.watchdog import Watchdog, backoff
 
 
@@ -207,7 +200,7 @@ def _reload(server: TritonServer, watchdog: Watchdog, before: dict[str, tuple]) 
         for name in changed:
             started = time.monotonic()
             try:
-                server.load_model(name)
+                server.repository.load_model(name)
             except GeBackendError as exc:
                 reason = failure_reason(server.settings.model_repository, {"name": name, "reason": str(exc)})
                 _say(f"reload: model '{name}' failed: {reason}")
@@ -216,7 +209,7 @@ def _reload(server: TritonServer, watchdog: Watchdog, before: dict[str, tuple]) 
             _say(f"reload: model '{name}' {verb} in {time.monotonic() - started:.1f}s")
         for name in gone:
             try:
-                server.unload_model(name)
+                server.repository.unload_model(name)
                 _say(f"reload: model '{name}' is gone from the repository; unloaded")
             except GeBackendError as exc:
                 _say(f"reload: model '{name}' could not be unloaded: {exc}")
@@ -235,7 +228,7 @@ def _start_watchdog(server: TritonServer, args: argparse.Namespace) -> Watchdog:
     elif not server.control.can_reload:
         why_not = f"self-healing needs --model-control-mode=explicit, this server runs '{server.control.mode}'"
         _say(f"self-healing is off: {why_not}")
-    watchdog = Watchdog(server.process.pid, server, _say, interval=args.watch_interval, heal=not why_not,
+    watchdog = Watchdog(server.process.pid, server.repository, _say, interval=args.watch_interval, heal=not why_not,
                         why_not=why_not, control_dir=server.control_dir)
     server.watch_lines(watchdog.notice_line)  # a model loading: look for its new stubs at once
     return watchdog.start()

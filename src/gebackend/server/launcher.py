@@ -1,9 +1,9 @@
-"""Starts tritonserver with our backends, watches it come up, and stops it leaving nothing behind.
+"""Starts tritonserver with our backends, watches it come up, and stops it leaving nothing behind: the process.
 
-Owns: the command line and environment of the server process, the port pre-flight check,
-waiting for readiness (or for the reason it will never be ready), the model status table,
-the model-repository API the CLI keeps for itself (explicit model control behind a secret header),
-and clean-up of the temp folder and the `/dev/shm` regions of this server.
+Owns: the command line and environment of the server process, the port pre-flight check, waiting for
+readiness (or for the reason it will never be ready), draining and stopping it, and clean-up of the temp
+folder and the `/dev/shm` regions of this server. Its model-repository API (explicit model control behind a
+secret header) is `repository_client.py`'s, reached as `TritonServer.repository`.
 """
 
 from __future__ import annotations
@@ -27,28 +27,15 @@ import urllib.request
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Sequence
+from typing import IO
 
 from gebackend.errors import GeBackendError
 from gebackend.server.distribution import TritonDistribution, find_triton
 from gebackend.control import env as control_env, registry
 from gebackend.server.layout import lay_out_backends
+from gebackend.server.repository_client import LaunchError, ModelControl, RepositoryClient, RepositoryError
 
 SHM_DIR = Path("/dev/shm")
-# The header that unlocks Triton's model-repository API (index, load, unload) when clients may not use it.
-CONTROL_HEADER = "gebackend-control-key"
-
-
-class LaunchError(GeBackendError):
-    """The server could not be started or did not become ready."""
-
-
-class _RepositoryError(GeBackendError):
-    """Triton refused a model-repository call; `status` is its HTTP or gRPC status."""
-
-    def __init__(self, message: str, status: str):
-        super().__init__(message)
-        self.status = status
 
 
 @dataclass
@@ -63,66 +50,6 @@ class ServerSettings:
     startup_timeout: float = 300.0
     exit_timeout: int = 30
     allow_model_control: bool = False  # clients may load/unload models through the repository API
-
-
-def flag_values(args: Sequence[str], name: str) -> list[str]:
-    """The values of a tritonserver flag in `args`, written `--name=value` or `--name value`."""
-    values = []
-    for i, arg in enumerate(args):
-        if arg.startswith(name + "="):
-            values.append(arg[len(name) + 1:])
-        elif arg == name and i + 1 < len(args):
-            values.append(args[i + 1])
-    return values
-
-
-def restriction_for(values: Sequence[str], api: str = "model-repository") -> tuple[str, str] | None:
-    """The (header, value) a `--http-restricted-api` / `--grpc-restricted-protocol` list puts on `api`, if any.
-
-    Each value reads `<api>[,<api>...]:<header>=<value>`.
-    """
-    for value in values:
-        apis, sep, rule = value.partition(":")
-        header, eq, secret = rule.partition("=")
-        if sep and eq and api in [a.strip() for a in apis.split(",")]:
-            return header.strip(), secret
-    return None
-
-
-@dataclass(frozen=True)
-class ModelControl:
-    """How this server's models are managed, decided from the settings and the user's extra flags."""
-
-    mode: str  # tritonserver --model-control-mode: "explicit" unless the user chose another
-    flags: tuple[str, ...]  # what the launcher adds to the command line for it
-    header: tuple[str, str] | None  # (name, value) the CLI sends to reach the repository API; None when open
-    grpc_header: tuple[str, str] | None = None  # the same over gRPC (differs if the user restricted it himself)
-
-    @property
-    def can_reload(self) -> bool:
-        return self.mode == "explicit"
-
-    @classmethod
-    def decide(cls, settings: "ServerSettings", secret: str) -> "ModelControl":
-        extra = settings.extra_args
-        flags: list[str] = []
-        modes = flag_values(extra, "--model-control-mode")
-        mode = modes[-1] if modes else "explicit"
-        if not modes:
-            flags.append("--model-control-mode=explicit")
-            if not flag_values(extra, "--load-model"):
-                flags.append("--load-model=*")
-        # A restriction the user set himself is kept, and used by the CLI too.
-        header = user_http = restriction_for(flag_values(extra, "--http-restricted-api"))
-        grpc_header = user_grpc = restriction_for(flag_values(extra, "--grpc-restricted-protocol"))
-        if not settings.allow_model_control:
-            header = user_http or (CONTROL_HEADER, secret)
-            grpc_header = user_grpc or (CONTROL_HEADER, secret)
-            if user_http is None:
-                flags.append(f"--http-restricted-api=model-repository:{CONTROL_HEADER}={secret}")
-            if user_grpc is None:
-                flags.append(f"--grpc-restricted-protocol=model-repository:{CONTROL_HEADER}={secret}")
-        return cls(mode, tuple(flags), header, grpc_header)
 
 
 def port_in_use(port: int) -> bool:
@@ -157,9 +84,8 @@ class TritonServer:
         self.tail: deque[str] = deque(maxlen=60)
         self._reader: threading.Thread | None = None
         self.control = ModelControl.decide(settings, secrets.token_hex(24))
+        self.repository = RepositoryClient(settings, self.control)  # index, load, unload: the watchdog's too
         self._line_watchers: list = []
-        self._grpc_channel = None
-        self._grpc_stub = None
 
     # -- start ---------------------------------------------------------------------------------
     def command(self, backends: Path) -> list[str]:
@@ -259,8 +185,8 @@ class TritonServer:
                 live = False
             if live:
                 try:
-                    return self.repository_index()
-                except _RepositoryError as exc:
+                    return self.repository.repository_index()
+                except RepositoryError as exc:
                     raise LaunchError(f"tritonserver refused the model repository index: {exc.status} {exc}") from None
             time.sleep(0.2)
         raise LaunchError(f"tritonserver was not ready within {self.settings.startup_timeout:.0f}s:\n{self._last_errors()}")
@@ -270,86 +196,7 @@ class TritonServer:
         return "".join(lines[-20:]).rstrip() or "(no output)"
 
     def url(self, path: str) -> str:
-        addresses = flag_values(self.settings.extra_args, "--http-address")
-        host = addresses[-1] if addresses and addresses[-1] not in ("", "0.0.0.0", "::") else "127.0.0.1"
-        host = f"[{host}]" if ":" in host else host
-        return f"http://{host}:{self.settings.http_port}{path}"
-
-    # -- the model-repository API, for this CLI only --------------------------------------------
-    # Over gRPC: in tritonserver 2.51 an HTTP load or unload blocks an HTTP front-end thread for as long as
-    # the load takes (measured: HTTP inference to other models stalls ~2 s per reload), a gRPC one does not.
-    def _use_grpc(self) -> bool:
-        allowed = flag_values(self.settings.extra_args, "--allow-grpc")
-        return not allowed or allowed[-1].lower() not in ("false", "0", "no", "off")
-
-    def _grpc(self):
-        if self._grpc_stub is None:
-            import grpc
-            from tritonclient.grpc import service_pb2_grpc
-
-            addresses = flag_values(self.settings.extra_args, "--grpc-address")
-            host = addresses[-1] if addresses and addresses[-1] not in ("", "0.0.0.0", "::") else "127.0.0.1"
-            host = f"[{host}]" if ":" in host else host
-            self._grpc_channel = grpc.insecure_channel(f"{host}:{self.settings.grpc_port}")
-            self._grpc_stub = service_pb2_grpc.GRPCInferenceServiceStub(self._grpc_channel)
-        return self._grpc_stub
-
-    def _grpc_call(self, method: str, request, timeout: float):
-        import grpc
-
-        # Triton reads a restricted gRPC protocol's header with this prefix.
-        header = self.control.grpc_header
-        metadata = [(f"triton-grpc-protocol-{header[0]}".lower(), header[1])] if header else []
-        try:
-            return getattr(self._grpc(), method)(request, timeout=timeout, metadata=metadata)
-        except grpc.RpcError as exc:
-            raise _RepositoryError(exc.details() or str(exc.code()), str(exc.code())) from None
-
-    def _http_call(self, path: str, timeout: float) -> bytes:
-        """POST to Triton's model-repository API with the header that unlocks it for us."""
-        headers = {"Content-Type": "application/json"}
-        if self.control.header is not None:
-            headers[self.control.header[0]] = self.control.header[1]
-        request = urllib.request.Request(self.url(path), data=b"{}", method="POST", headers=headers)
-        try:
-            with urllib.request.urlopen(request, timeout=timeout) as response:
-                return response.read()
-        except urllib.error.HTTPError as exc:
-            raise _RepositoryError(_body(exc), str(exc.code)) from None
-        except (urllib.error.URLError, ConnectionError, TimeoutError, OSError) as exc:
-            raise _RepositoryError(str(exc), "") from None
-
-    def repository_index(self) -> list[dict]:
-        """Every model in the repository with its state (and the reason when it is not READY)."""
-        if not self._use_grpc():
-            return json.loads(self._http_call("/v2/repository/index", timeout=10) or b"[]")
-        from tritonclient.grpc import service_pb2
-
-        response = self._grpc_call("RepositoryIndex", service_pb2.RepositoryIndexRequest(), timeout=10)
-        return [{key: value for key, value in (("name", m.name), ("version", m.version), ("state", m.state),
-                                              ("reason", m.reason)) if value} for m in response.models]
-
-    def load_model(self, name: str, timeout: float = 600) -> None:
-        """Load (or reload, if loaded and changed) one model; raises `LaunchError` with Triton's reason if it fails."""
-        self._model_call(name, "load", timeout)
-
-    def unload_model(self, name: str, timeout: float = 600) -> None:
-        self._model_call(name, "unload", timeout)
-
-    def _model_call(self, name: str, action: str, timeout: float) -> None:
-        try:
-            if self._use_grpc():
-                from tritonclient.grpc import service_pb2
-
-                if action == "load":
-                    self._grpc_call("RepositoryModelLoad", service_pb2.RepositoryModelLoadRequest(model_name=name), timeout)
-                else:
-                    self._grpc_call("RepositoryModelUnload", service_pb2.RepositoryModelUnloadRequest(model_name=name),
-                                    timeout)
-            else:
-                self._http_call(f"/v2/repository/models/{urllib.parse.quote(name, safe='')}/{action}", timeout)
-        except _RepositoryError as exc:
-            raise LaunchError(f"{action} of model '{name}' failed: {exc}") from None
+        return self.repository.url(path)
 
     # -- stop ----------------------------------------------------------------------------------
     def drain(self, timeout: float, broken: set[str] = frozenset()) -> "Drain":
@@ -364,12 +211,12 @@ class TritonServer:
         deadline = started + timeout
 
         def loaded() -> list[str]:
-            return [e["name"] for e in self.repository_index() if e.get("state") in _LOADED_STATES]
+            return [e["name"] for e in self.repository.repository_index() if e.get("state") in _LOADED_STATES]
 
         try:
             busy = loaded()
             for name in busy:
-                self.unload_model(name, timeout=max(1.0, deadline - time.monotonic()))
+                self.repository.unload_model(name, timeout=max(1.0, deadline - time.monotonic()))
             busy = [name for name in busy if name not in broken]
             while busy and time.monotonic() < deadline:
                 time.sleep(0.1)
@@ -449,9 +296,7 @@ class TritonServer:
         return sorted(SHM_DIR.glob(f"{self.shm_prefix}*")) if SHM_DIR.is_dir() else []
 
     def cleanup(self) -> None:
-        if self._grpc_channel is not None:
-            self._grpc_channel.close()
-            self._grpc_channel = self._grpc_stub = None
+        self.repository.close()
         for region in self.leftover_shm():
             region.unlink(missing_ok=True)
         if self.workdir is not None:
@@ -496,43 +341,3 @@ def _waiting_on(line: str) -> str | None:
     return line[found + len(": Found "):].strip().rstrip('"').strip()
 
 
-def repository_fingerprints(repository: Path) -> dict[str, tuple]:
-    """Per model folder, the (path, size, mtime) of every file in it: what a reload compares. Hidden folders (the
-    caches gebackend keeps beside a model, `.gebackend-cache/`) are not the model: writing them reloads nothing."""
-    found = {}
-    for folder in sorted(p for p in repository.iterdir() if p.is_dir() and not p.name.startswith(".")):
-        entries = []
-        for path in sorted(folder.rglob("*")):
-            if any(part.startswith(".") for part in path.relative_to(folder).parts):
-                continue
-            try:
-                stat = path.stat()
-            except OSError:
-                continue
-            if path.is_file():
-                entries.append((str(path.relative_to(folder)), stat.st_size, stat.st_mtime_ns))
-        found[folder.name] = tuple(entries)
-    return found
-
-
-def _body(error: urllib.error.HTTPError) -> str:
-    try:
-        text = error.read().decode(errors="replace")
-        return json.loads(text).get("error", text)
-    except (ValueError, AttributeError, OSError):
-        return str(error)
-
-
-def load_failure_reason(entry: dict) -> str:
-    """Triton's reason for a model that did not load, without the Python stack it appends."""
-    return (entry.get("reason") or entry.get("state") or "").split("\n\nAt:")[0].strip()
-
-
-def format_model_table(index: Sequence[dict]) -> list[str]:
-    lines = []
-    for entry in sorted(index, key=lambda e: e.get("name", "")):
-        version = f" v{entry['version']}" if entry.get("version") else ""
-        state = entry.get("state") or "UNKNOWN"
-        reason = f" - {load_failure_reason(entry)}" if entry.get("reason") and state != "READY" else ""
-        lines.append(f"  {entry.get('name')}{version}: {state}{reason}")
-    return lines
