@@ -33,7 +33,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Mapping
@@ -97,7 +96,7 @@ def prepare_memory_models(workdir: Path) -> dict:
     """Save the memory model and its compiled buckets under `workdir`; return what its weights weigh."""
     model = build_bert(**MEMORY_BERT)
     onnx.save(model, workdir / "model.onnx")
-    graphs, _ = compile_static(workdir / "model.onnx", memory_shapes(len(MEMORY_BATCHES)), BackendOptions().fold_size_limit)
+    graphs, _ = compile_static(workdir / "model.onnx", memory_shapes(len(MEMORY_BATCHES)), BackendOptions().static.fold_size_limit)
     for batch, graph in zip(MEMORY_BATCHES, graphs):
         onnx.save(graph.model, bucket_path(workdir, batch))
     return weight_summary(graphs[0].model)
@@ -139,7 +138,7 @@ class Held:
 
 def hold_static(workdir: Path, shapes, disable_prepacking: bool = False, level: str = "all") -> Held:
     graphs = [CompiledGraph(s, onnx.load(bucket_path(workdir, s["input_ids"][0]))) for s in shapes]
-    engine = OrtStaticEngine(graphs, BackendOptions(graph_optimization_level=level, disable_prepacking=disable_prepacking))
+    engine = OrtStaticEngine(graphs, BackendOptions.make(graph_optimization_level=level, disable_prepacking=disable_prepacking))
     del graphs  # as the loader does: only what the engine itself keeps stays
     return Held(lambda feeds: engine.run(feeds, ["pooler_output"]))
 
@@ -317,12 +316,12 @@ def build_variants(path: Path, feeds: Feeds, spinning: bool) -> dict[str, Runner
     extra = {} if spinning else NO_SPINNING
     plain = ort.InferenceSession(str(path), plain_options(extra, quiet=False))  # onnxruntime's defaults
     names = [o.name for o in plain.get_outputs()]
-    options = BackendOptions(allow_spinning="auto" if spinning else "off")
+    options = BackendOptions.make(allow_spinning="auto" if spinning else "off")
     shapes = [{name: array.shape for name, array in feeds.items()}]
-    graphs, _ = compile_static(path, shapes, options.fold_size_limit)
+    graphs, _ = compile_static(path, shapes, options.static.fold_size_limit)
     dynamic = OrtEngine(path, options)
     static = OrtStaticEngine(graphs, options)
-    static_noprepack = OrtStaticEngine(graphs, dataclasses.replace(options, disable_prepacking=True))
+    static_noprepack = OrtStaticEngine(graphs, options.replace(disable_prepacking=True))
     return {
         "plain": lambda f: plain.run(None, f),
         "dynamic": lambda f: dynamic.run(f, names),

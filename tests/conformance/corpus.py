@@ -252,7 +252,7 @@ def run_ours(engine: str, mode: str, case: Case, path: Path, log=None) -> str | 
     from gebackend.runtime.loader import load_executor
 
     lines: list[str] = [] if log is None else log
-    options = BackendOptions(engine=engine, static_model=mode == "static", intra_op_thread_count=1)
+    options = BackendOptions.make(engine=engine, static_model=mode == "static", intra_op_thread_count=1)
     try:
         spec = build_model_spec(_config(case, path, mode == "static"), read_signature(path), path, options)
         executor, _ = load_executor(spec, log=lines.append)

@@ -72,7 +72,7 @@ def test_the_openvino_load_line_says_what_ran_on_an_avx2_only_cpu(monkeypatch, t
     monkeypatch.setattr(ov_engine, "openvino_capabilities", lambda: ("FP32", "INT8"))
     path = tmp_path / "model.onnx"
     onnx.save(build_add_mul(), str(path))
-    engine = ov_engine.OvEngine(path, BackendOptions(engine="openvino", precision_mode="bf16"))
+    engine = ov_engine.OvEngine(path, BackendOptions.make(engine="openvino", precision_mode="bf16"))
     try:
         line = engine.describe()
     finally:

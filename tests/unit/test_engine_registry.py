@@ -23,7 +23,7 @@ def model_path(tmp_path):
 
 def _spec(path, engine: str):
     return build_model_spec({"name": "am", "max_batch_size": 4}, signature_of(onnx.load(str(path))), path,
-                            BackendOptions(engine=engine))
+                            BackendOptions.make(engine=engine))
 
 
 def test_every_registered_engine_builds_both_graph_modes_and_they_agree(model_path):

@@ -123,7 +123,7 @@ def test_read_only_and_strided_feeds(model):
 
 
 def test_factory_dispatches_to_openvino(model):
-    spec = SimpleNamespace(path=model.path, options=BackendOptions(engine="openvino"))
+    spec = SimpleNamespace(path=model.path, options=BackendOptions.make(engine="openvino"))
     assert isinstance(create_engine(spec), OvEngine)
     graphs, _ = compile_static(model.path, model.shapes[:1], 1 << 20)
     assert isinstance(create_static_engine(spec, graphs), OvStaticEngine)
@@ -134,16 +134,16 @@ def test_factory_dispatches_to_openvino(model):
 
 def test_origin_is_f32_although_this_cpu_defaults_to_bf16(model):
     """OpenVINO picks bf16 by itself on CPUs with BF16; origin must not."""
-    engine = OvEngine(model.path, BackendOptions(precision_mode="origin"))
+    engine = OvEngine(model.path, BackendOptions.make(precision_mode="origin"))
     assert engine._swap.serving.property("INFERENCE_PRECISION_HINT") == ov.Type.f32
 
 
 @pytest.mark.skipif("BF16" not in CAPABILITIES, reason="this CPU has no BF16")
 def test_bf16_is_close_to_f32_and_reported(model):
     f32 = OvEngine(model.path, BackendOptions())
-    bf16 = OvEngine(model.path, BackendOptions(precision_mode="bf16"))
+    bf16 = OvEngine(model.path, BackendOptions.make(precision_mode="bf16"))
     graphs, _ = compile_static(model.path, model.shapes, 1 << 20)
-    bf16_static = OvStaticEngine(graphs, BackendOptions(precision_mode="bf16"))
+    bf16_static = OvStaticEngine(graphs, BackendOptions.make(precision_mode="bf16"))
     for engine in (bf16, bf16_static):
         assert "precision=bf16 (precision_mode=bf16)" in engine.describe(), engine.describe()
     rng = np.random.default_rng(3)
@@ -157,7 +157,7 @@ def test_bf16_is_close_to_f32_and_reported(model):
 
 
 def test_fp16_runs_f16_or_says_why_not(model):
-    engine = OvEngine(model.path, BackendOptions(precision_mode="fp16"))
+    engine = OvEngine(model.path, BackendOptions.make(precision_mode="fp16"))
     line = engine.describe()
     if "FP16" in CAPABILITIES:
         assert "precision=f16 (precision_mode=fp16)" in line, line
@@ -175,14 +175,14 @@ def test_precision_fallbacks_without_capabilities():
 
 def test_int8_is_refused(model):
     with pytest.raises(ModelLoadError, match="int8.*calibration"):
-        OvEngine(model.path, BackendOptions(precision_mode="int8"))
+        OvEngine(model.path, BackendOptions.make(precision_mode="int8"))
     graphs, _ = compile_static(model.path, model.shapes[:1], 1 << 20)
     with pytest.raises(ModelLoadError, match="int8"):
-        OvStaticEngine(graphs, BackendOptions(precision_mode="int8"))
+        OvStaticEngine(graphs, BackendOptions.make(precision_mode="int8"))
 
 
 def test_threads_follow_intra_op_thread_count(model):
-    assert "threads=1," in OvEngine(model.path, BackendOptions(intra_op_thread_count=1)).describe()
+    assert "threads=1," in OvEngine(model.path, BackendOptions.make(intra_op_thread_count=1)).describe()
 
 
 # ------------------------------------------------------------------------------ input errors

@@ -22,9 +22,9 @@ from gebackend.errors import ConfigError
 def test_defaults_when_nothing_is_set():
     parsed = parse_options("m", {}, {})
     assert parsed.options == BackendOptions()
-    assert parsed.options.graph_optimization_level == "all"
+    assert parsed.options.session.graph_optimization_level == "all"
     assert parsed.options.default_max_batch_size == 8
-    assert parsed.options.execution_mode == "sequential"
+    assert parsed.options.session.execution_mode == "sequential"
     assert parsed.unknown == ()
     assert dict(parsed.sources) == {}
 
@@ -35,17 +35,17 @@ def test_model_parameters_override_global():
         {"intra_op_thread_count": "2", "inter_op_thread_count": "3"},
         {"intra_op_thread_count": "5"},
     )
-    assert parsed.options.intra_op_thread_count == 5
-    assert parsed.options.inter_op_thread_count == 3
+    assert parsed.options.session.intra_op_thread_count == 5
+    assert parsed.options.session.inter_op_thread_count == 3
     assert parsed.sources["intra_op_thread_count"] == "model"
     assert parsed.sources["inter_op_thread_count"] == "global"
 
 
 def test_global_only_and_model_only_both_apply():
     parsed = parse_options("m", {"enable_mem_arena": "off"}, {"static_model": "yes"})
-    assert parsed.options.enable_mem_arena is False
-    assert parsed.options.static_model is True
-    assert parsed.options.enable_mem_pattern is True  # untouched default
+    assert parsed.options.session.enable_mem_arena is False
+    assert parsed.options.static.static_model is True
+    assert parsed.options.session.enable_mem_pattern is True  # untouched default
 
 
 @pytest.mark.parametrize(
@@ -55,15 +55,15 @@ def test_global_only_and_model_only_both_apply():
 )
 def test_bool_values(text, expected):
     parsed = parse_options("m", {}, {"enable_mem_pattern": text, "static_model": text})
-    assert parsed.options.enable_mem_pattern is expected
-    assert parsed.options.static_model is expected
+    assert parsed.options.session.enable_mem_pattern is expected
+    assert parsed.options.static.static_model is expected
 
 
 @pytest.mark.parametrize("text,expected", [("0", 0), ("4", 4), (" 16 ", 16)])
 def test_int_values(text, expected):
     parsed = parse_options("m", {"intra_op_thread_count": text}, {"inter_op_thread_count": text})
-    assert parsed.options.intra_op_thread_count == expected
-    assert parsed.options.inter_op_thread_count == expected
+    assert parsed.options.session.intra_op_thread_count == expected
+    assert parsed.options.session.inter_op_thread_count == expected
 
 
 def test_default_max_batch_size_parsed():
@@ -76,7 +76,7 @@ def test_default_max_batch_size_parsed():
      ("1", "parallel"), ("parallel", "parallel"), ("Parallel", "parallel")],
 )
 def test_execution_mode(text, expected):
-    assert parse_options("m", {}, {"execution_mode": text}).options.execution_mode == expected
+    assert parse_options("m", {}, {"execution_mode": text}).options.session.execution_mode == expected
 
 
 @pytest.mark.parametrize(
@@ -86,7 +86,7 @@ def test_execution_mode(text, expected):
 )
 def test_graph_optimization_level_names(text, expected):
     parsed = parse_options("m", {"graph_optimization_level": text}, {})
-    assert parsed.options.graph_optimization_level == expected
+    assert parsed.options.session.graph_optimization_level == expected
 
 
 @pytest.mark.parametrize(
@@ -129,9 +129,9 @@ def test_invalid_value_names_model_key_value_source(key, value, source):
 
 
 def test_hang_timeout_is_seconds_with_zero_meaning_never():
-    assert parse_options("m", {}, {}).options.hang_timeout_s == 120.0
-    assert parse_options("m", {"hang_timeout_s": "0"}, {}).options.hang_timeout_s == 0.0
-    assert parse_options("m", {"hang_timeout_s": "30"}, {"hang_timeout_s": "2.5"}).options.hang_timeout_s == 2.5
+    assert parse_options("m", {}, {}).options.instances.hang_timeout_s == 120.0
+    assert parse_options("m", {"hang_timeout_s": "0"}, {}).options.instances.hang_timeout_s == 0.0
+    assert parse_options("m", {"hang_timeout_s": "30"}, {"hang_timeout_s": "2.5"}).options.instances.hang_timeout_s == 2.5
 
 
 def test_invalid_global_value_raises_even_if_model_overrides():
@@ -147,7 +147,7 @@ def test_unknown_keys_returned_once_not_raised():
     )
     assert parsed.unknown == ("foo", "bar")
     assert parsed.no_effect == ("ge.exec.deviceId",)  # a ge-backend key: accepted, reported apart
-    assert parsed.options.intra_op_thread_count == 2
+    assert parsed.options.session.intra_op_thread_count == 2
     assert not set(parsed.unknown) & KNOWN_KEYS
     assert "foo" not in parsed.sources
 
@@ -161,7 +161,7 @@ def test_unknown_keys_returned_once_not_raised():
 def test_optimization_graph_level(level, expected):
     config = {"name": "m", "optimization": {"graph": {"level": level}}}
     parsed = parse_options("m", {}, {}, config)
-    assert parsed.options.graph_optimization_level == expected
+    assert parsed.options.session.graph_optimization_level == expected
     if level in (0, "0"):  # 0 is also what an unset level reads as: the default, a global option may change it
         assert "graph_optimization_level" not in parsed.sources
     else:
@@ -175,13 +175,13 @@ def test_optimization_graph_level(level, expected):
 )
 def test_graph_level_unset_is_default_all(config):
     assert graph_level_from_config("m", config) is None
-    assert parse_options("m", {}, {}, config).options.graph_optimization_level == "all"
+    assert parse_options("m", {}, {}, config).options.session.graph_optimization_level == "all"
 
 
 def test_optimization_graph_level_beats_global_option():
     config = {"optimization": {"graph": {"level": -1}}}
     parsed = parse_options("m", {"graph_optimization_level": "disable"}, {}, config)
-    assert parsed.options.graph_optimization_level == "basic"
+    assert parsed.options.session.graph_optimization_level == "basic"
     assert parsed.sources["graph_optimization_level"] == "optimization.graph.level"
 
 
@@ -193,7 +193,7 @@ def test_non_integer_graph_level_is_a_config_error():
 def test_model_parameter_beats_optimization_graph_level():
     config = {"optimization": {"graph": {"level": -1}}}
     parsed = parse_options("m", {}, {"graph_optimization_level": "disable"}, config)
-    assert parsed.options.graph_optimization_level == "disable"
+    assert parsed.options.session.graph_optimization_level == "disable"
     assert parsed.sources["graph_optimization_level"] == "model"
 
 
@@ -206,7 +206,7 @@ def test_model_parameters_from_triton_json():
     assert model_parameters({"name": "m"}) == {}
     assert model_parameters({"parameters": None}) == {}
     parsed = parse_options("m", {}, model_parameters(config))
-    assert parsed.options.intra_op_thread_count == 3
+    assert parsed.options.session.intra_op_thread_count == 3
     assert parsed.unknown == ("empty", "plain")
 
 
@@ -221,8 +221,8 @@ def test_global_options_from_env_valid_json():
     got = global_options_from_env(env)
     assert got == {"intra_op_thread_count": "4", "static_model": "True", "default_max_batch_size": "16"}
     parsed = parse_options("m", got, {})
-    assert parsed.options.intra_op_thread_count == 4
-    assert parsed.options.static_model is True
+    assert parsed.options.session.intra_op_thread_count == 4
+    assert parsed.options.static.static_model is True
     assert parsed.options.default_max_batch_size == 16
     assert all(parsed.sources[k] == "global" for k in got)
 
@@ -281,9 +281,9 @@ def test_parse_backend_config_args_malformed(arg):
 
 def test_graph_level_0_leaves_a_global_option_alone_and_2_beats_it():
     assert parse_options("m", {"graph_optimization_level": "basic"}, {},
-                         {"optimization": {"graph": {"level": 0}}}).options.graph_optimization_level == "basic"
+                         {"optimization": {"graph": {"level": 0}}}).options.session.graph_optimization_level == "basic"
     assert parse_options("m", {"graph_optimization_level": "basic"}, {},
-                         {"optimization": {"graph": {"level": 2}}}).options.graph_optimization_level == "disable"
+                         {"optimization": {"graph": {"level": 2}}}).options.session.graph_optimization_level == "disable"
 
 
 OPENVINO = {"optimization": {"execution_accelerators": {"cpu_execution_accelerator": [{"name": "openvino", "parameters": {}}]}}}
@@ -291,17 +291,17 @@ OPENVINO = {"optimization": {"execution_accelerators": {"cpu_execution_accelerat
 
 def test_cpu_openvino_accelerator_selects_the_openvino_engine():
     parsed = parse_options("m", {}, {}, OPENVINO)
-    assert parsed.options.engine == "openvino"
-    assert parsed.options.accelerators.cpu == ("openvino",)
+    assert parsed.options.engines.engine == "openvino"
+    assert parsed.options.engines.accelerators.cpu == ("openvino",)
     assert parsed.sources["engine"] == "optimization.execution_accelerators"
 
 
 def test_openvino_accelerator_beats_global_engine_and_a_model_parameter_beats_it():
-    assert parse_options("m", {"engine": "onnxruntime"}, {}, OPENVINO).options.engine == "openvino"
+    assert parse_options("m", {"engine": "onnxruntime"}, {}, OPENVINO).options.engines.engine == "openvino"
     parsed = parse_options("m", {}, {"engine": "onnxruntime"}, OPENVINO)
-    assert parsed.options.engine == "onnxruntime"
+    assert parsed.options.engines.engine == "onnxruntime"
     assert parsed.sources["engine"] == "model"
-    assert parsed.options.accelerators.cpu == ("openvino",)  # still parsed and reported
+    assert parsed.options.engines.accelerators.cpu == ("openvino",)  # still parsed and reported
 
 
 def test_gpu_accelerators_are_parsed_into_options():
@@ -309,10 +309,10 @@ def test_gpu_accelerators_are_parsed_into_options():
         {"name": "tensorrt", "parameters": {"precision_mode": "INT8", "trt_engine_cache_enable": "1"}},
         {"name": "cuda", "parameters": {"cudnn_conv_use_max_workspace": "1"}}]}}}
     options = parse_options("m", {}, {}, config).options
-    assert options.engine == "onnxruntime"
-    assert options.accelerators.tensorrt.precision_mode == "INT8"
-    assert options.accelerators.tensorrt.trt_engine_cache_enable is True
-    assert options.accelerators.cuda.options == (("cudnn_conv_use_max_workspace", "1"),)
+    assert options.engines.engine == "onnxruntime"
+    assert options.engines.accelerators.tensorrt.precision_mode == "INT8"
+    assert options.engines.accelerators.tensorrt.trt_engine_cache_enable is True
+    assert options.engines.accelerators.cuda.options == (("cudnn_conv_use_max_workspace", "1"),)
 
 
 def test_unknown_accelerator_fails_naming_it():
@@ -324,7 +324,7 @@ def test_unknown_accelerator_fails_naming_it():
 @pytest.mark.parametrize("text,expected", [("4,5", (4, 5)), ("2", (2,)), (" 0 , 3 ,", (0, 3)), ("", ())])
 def test_device_ids(text, expected):
     parsed = parse_options("m", {}, {"device_ids": text})
-    assert parsed.options.device_ids == expected
+    assert parsed.options.instances.device_ids == expected
     assert parsed.unknown == () and parsed.no_effect == ()
 
 
@@ -336,20 +336,22 @@ def test_invalid_ge_backend_values_name_the_key(key, value):
 
 
 def test_exec_blocks_and_dump_data():
-    assert parse_options("m", {}, {}).options.device_exec_blocks == -1
+    assert parse_options("m", {}, {}).options.instances.device_exec_blocks == -1
     options = parse_options("m", {"device_exec_blocks": "8"}, {"instance_exec_blocks": "2", "dump_data": "1"}).options
-    assert (options.device_exec_blocks, options.instance_exec_blocks, options.dump_data) == (8, 2, True)
-    assert parse_options("m", {}, {"device_exec_blocks": "-1"}).options.device_exec_blocks == -1
+    assert (options.instances.device_exec_blocks, options.instances.instance_exec_blocks,
+            options.diagnostics.dump_data) == (8, 2, True)
+    assert parse_options("m", {}, {"device_exec_blocks": "-1"}).options.instances.device_exec_blocks == -1
 
 
 @pytest.mark.parametrize("prefix", ["", "session.", "graph."])
 def test_ge_family_keys_with_an_equivalent_are_mapped_at_every_level(prefix):
     parsed = parse_options("m", {}, {f"{prefix}ge.aicoreNum": "12|10", f"{prefix}ge.exec.enableDump": "1"})
-    assert parsed.options.cores_per_instance == 12
-    assert parsed.options.dump_data is True
-    assert parse_options("m", {}, {f"{prefix}ge.exec.precision_mode_v2": "fp16"}).options.precision_mode == "fp16"
-    assert parse_options("m", {}, {f"{prefix}ge.exec.precision_mode": "allow_mix_precision_bf16"}).options.precision_mode == "bf16"
-    assert parse_options("m", {}, {f"{prefix}ge.exec.precision_mode": "force_fp32"}).options.precision_mode == "origin"
+    assert parsed.options.instances.cores_per_instance == 12
+    assert parsed.options.diagnostics.dump_data is True
+    assert parse_options("m", {}, {f"{prefix}ge.exec.precision_mode_v2": "fp16"}).options.engines.precision_mode == "fp16"
+    assert parse_options("m", {}, {f"{prefix}ge.exec.precision_mode": "allow_mix_precision_bf16"}
+                         ).options.engines.precision_mode == "bf16"
+    assert parse_options("m", {}, {f"{prefix}ge.exec.precision_mode": "force_fp32"}).options.engines.precision_mode == "origin"
     assert parsed.unknown == () and parsed.no_effect == ()
 
 

@@ -131,24 +131,27 @@ def test_plan_for_instance_reads_the_model_config():
 
 def test_pinned_options_size_threads_to_the_cpu_set():
     options, notes = pinned_options(BackendOptions(), plan_cpus(0, 2, range(8)))
-    assert (options.intra_op_thread_count, options.inter_op_thread_count, options.allow_spinning) == (4, 1, "auto")
+    assert (options.session.intra_op_thread_count, options.session.inter_op_thread_count,
+            options.session.allow_spinning) == (4, 1, "auto")
     assert notes == []
     shared, _ = pinned_options(BackendOptions(), plan_cpus(0, 3, range(2)))
-    assert shared.intra_op_thread_count == 1 and shared.allow_spinning == "off"
+    assert shared.session.intra_op_thread_count == 1 and shared.session.allow_spinning == "off"
 
 
 def test_pinned_options_keep_what_the_user_set_and_note_oversubscription():
-    user = BackendOptions(intra_op_thread_count=4, inter_op_thread_count=2, allow_spinning="on")
+    user = BackendOptions.make(intra_op_thread_count=4, inter_op_thread_count=2, allow_spinning="on")
     options, notes = pinned_options(user, plan_cpus(0, 3, range(2)))
-    assert (options.intra_op_thread_count, options.inter_op_thread_count, options.allow_spinning) == (4, 2, "on")
+    assert (options.session.intra_op_thread_count, options.session.inter_op_thread_count,
+            options.session.allow_spinning) == (4, 2, "on")
     assert notes and "intra_op_thread_count=4 (set by the user) exceeds the 1 pinned core(s)" in notes[0]
 
 
 def test_options_parse():
     parsed = parse_options("m", {"pin_instances": "off"}, {"allow_spinning": "0", "ge.aicoreNum": "2|2"}).options
-    assert (parsed.pin_instances, parsed.allow_spinning, parsed.cores_per_instance) == ("off", "off", 2)
-    assert parse_options("m", {}, {"pin_instances": "yes"}).options.pin_instances == "on"
-    assert BackendOptions().pin_instances == "auto"
+    assert (parsed.instances.pin_instances, parsed.session.allow_spinning,
+            parsed.instances.cores_per_instance) == ("off", "off", 2)
+    assert parse_options("m", {}, {"pin_instances": "yes"}).options.instances.pin_instances == "on"
+    assert BackendOptions().instances.pin_instances == "auto"
 
 
 def test_pin_process_pins_every_thread(tmp_path):

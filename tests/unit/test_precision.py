@@ -248,13 +248,13 @@ def test_disabled_optimizers_reach_the_dynamic_session(models, tmp_path):
 
 
 def test_default_disabled_optimizers_by_mode_and_device():
-    assert disabled_optimizers(BackendOptions(), static=True) == ["SkipLayerNormFusion"]
-    assert disabled_optimizers(BackendOptions(), static=False) == []
-    assert disabled_optimizers(BackendOptions(), static=True, device="cuda") == []
+    assert disabled_optimizers(BackendOptions().session, static=True) == ["SkipLayerNormFusion"]
+    assert disabled_optimizers(BackendOptions().session, static=False) == []
+    assert disabled_optimizers(BackendOptions().session, static=True, device="cuda") == []
     none = parse_options("m", {}, {"disabled_optimizers": "none"}).options
-    assert none.disabled_optimizers == () and disabled_optimizers(none, static=True) == []
+    assert none.session.disabled_optimizers == () and disabled_optimizers(none.session, static=True) == []
     both = parse_options("m", {"disabled_optimizers": "A, B"}, {}).options
-    assert disabled_optimizers(both, static=False) == ["A", "B"]
+    assert disabled_optimizers(both.session, static=False) == ["A", "B"]
 
 
 def test_dim_overrides_name_the_original_dims_of_each_bucket():
@@ -266,8 +266,10 @@ def test_dim_overrides_name_the_original_dims_of_each_bucket():
 def test_allow_spinning_reaches_the_session_options():
     from gebackend.engines.onnxruntime import session_options
 
-    assert session_options(BackendOptions(allow_spinning="off")).get_session_config_entry("session.intra_op.allow_spinning") == "0"
-    assert session_options(BackendOptions(allow_spinning="on")).get_session_config_entry("session.intra_op.allow_spinning") == "1"
+    assert session_options(BackendOptions.make(allow_spinning="off").session).get_session_config_entry(
+        "session.intra_op.allow_spinning") == "0"
+    assert session_options(BackendOptions.make(allow_spinning="on").session).get_session_config_entry(
+        "session.intra_op.allow_spinning") == "1"
 
 
 def test_static_engine_with_overrides_equals_dynamic(tmp_path):

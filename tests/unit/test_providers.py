@@ -541,10 +541,12 @@ def test_selection_pickles_and_copies_with_its_provider(model_file):
 
 def test_option_keys_parse():
     options = parse_options("m", {}, {"execution_provider": " CANN ", "device": "auto: gpu, cpu", "device_fallback": "CPU"}).options
-    assert (options.execution_provider, options.device, options.device_fallback) == ("cann", "AUTO:GPU,CPU", "cpu")
+    assert (options.engines.execution_provider, options.engines.device,
+            options.engines.device_fallback) == ("cann", "AUTO:GPU,CPU", "cpu")
     defaults = parse_options("m", {}, {}).options
-    assert (defaults.execution_provider, defaults.device, defaults.device_fallback) == ("auto", "CPU", "none")
-    assert parse_options("m", {}, {"device_fallback": "off"}).options.device_fallback == "none"
+    assert (defaults.engines.execution_provider, defaults.engines.device,
+            defaults.engines.device_fallback) == ("auto", "CPU", "none")
+    assert parse_options("m", {}, {"device_fallback": "off"}).options.engines.device_fallback == "none"
     from gebackend.errors import ConfigError
 
     for key, value in (("device_fallback", "gpu"), ("device", "G P U;"), ("execution_provider", "cuda-12")):

@@ -250,7 +250,7 @@ def _bert_config(**extra):
 
 
 def test_build_model_spec_complete_config(bert_sig):
-    options = BackendOptions(intra_op_thread_count=2)
+    options = BackendOptions.make(intra_op_thread_count=2)
     spec = build_model_spec(_bert_config(), bert_sig, Path("/m/1/model.onnx"), options)
     assert isinstance(spec, ModelSpec)
     assert spec.name == "bert"

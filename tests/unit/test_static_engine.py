@@ -137,14 +137,14 @@ def test_graph_capture_is_requested_from_accelerator_providers():
 def test_engine_choice(engine, precision, expected):
     from gebackend.engines import engine_name
 
-    assert engine_name(BackendOptions(engine=engine, precision_mode=precision)) == expected
+    assert engine_name(BackendOptions.make(engine=engine, precision_mode=precision).engines) == expected
 
 
 def test_auto_engine_takes_openvino_for_bf16_when_installed():
     pytest.importorskip("openvino")
     from gebackend.engines import engine_name
 
-    assert engine_name(BackendOptions(engine="auto", precision_mode="bf16")) == "openvino"
+    assert engine_name(BackendOptions.make(engine="auto", precision_mode="bf16").engines) == "openvino"
 
 
 def test_out_of_range_token_id_is_the_requests_fault(tmp_path):
@@ -179,7 +179,7 @@ def _served(path, static: bool, engine: str = "onnxruntime", max_batch_size: int
     if dims is not None:
         signature = {t.name: t for t in read_signature(path).inputs}
         config["input"] = [{"name": n, "data_type": signature[n].dtype.triton, "dims": list(d)} for n, d in dims.items()]
-    opts = BackendOptions(engine=engine, static_model=static, **options)
+    opts = BackendOptions.make(engine=engine, static_model=static, **options)
     spec = build_model_spec(config, read_signature(path), path, opts)
     log: list[str] = []
     executor, how = load_executor(spec, log=log.append)

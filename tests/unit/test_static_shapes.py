@@ -43,41 +43,41 @@ def test_bad_bucket_syntax_is_refused(input_shape, dims, fragment):
 
 def test_buckets_checked_against_the_model():
     mbs, inputs = specs(build_resnet())
-    options = BackendOptions(input_shape="image:-1,3,-1,-1", dynamic_dims="4,64,64;1,64,64")
+    options = BackendOptions.make(input_shape="image:-1,3,-1,-1", dynamic_dims="4,64,64;1,64,64")
     assert compiled_shapes("m", mbs, inputs, options) == [{"image": (1, 3, 64, 64)}, {"image": (4, 3, 64, 64)}]
     with pytest.raises(ConfigError, match="dim 2 is fixed to 64"):
-        compiled_shapes("m", mbs, inputs, BackendOptions(input_shape="image:-1,3,-1,-1", dynamic_dims="1,32,32"))
+        compiled_shapes("m", mbs, inputs, BackendOptions.make(input_shape="image:-1,3,-1,-1", dynamic_dims="1,32,32"))
     with pytest.raises(ConfigError, match="exceeds max_batch_size 8"):
-        compiled_shapes("m", mbs, inputs, BackendOptions(input_shape="image:-1,3,64,64", dynamic_dims="16"))
+        compiled_shapes("m", mbs, inputs, BackendOptions.make(input_shape="image:-1,3,64,64", dynamic_dims="16"))
     with pytest.raises(ConfigError, match="names input 'pixels'"):
-        compiled_shapes("m", mbs, inputs, BackendOptions(input_shape="pixels:-1,3,64,64", dynamic_dims="1"))
+        compiled_shapes("m", mbs, inputs, BackendOptions.make(input_shape="pixels:-1,3,64,64", dynamic_dims="1"))
 
 
 def test_named_dims_must_agree_within_a_bucket():
     mbs, inputs = specs(build_bert())
-    ok = BackendOptions(input_shape="input_ids:-1,-1;attention_mask:-1,-1", dynamic_dims="1,16,1,16;4,32,4,32")
+    ok = BackendOptions.make(input_shape="input_ids:-1,-1;attention_mask:-1,-1", dynamic_dims="1,16,1,16;4,32,4,32")
     assert compiled_shapes("m", mbs, inputs, ok)[1] == {"input_ids": (4, 32), "attention_mask": (4, 32)}
-    bad = BackendOptions(input_shape="input_ids:-1,-1;attention_mask:-1,-1", dynamic_dims="1,16,1,8")
+    bad = BackendOptions.make(input_shape="input_ids:-1,-1;attention_mask:-1,-1", dynamic_dims="1,16,1,8")
     with pytest.raises(ConfigError, match="dim 'sequence' \\(8\\) differs from input 'input_ids' \\(16\\)"):
         compiled_shapes("m", mbs, inputs, bad)
 
 
 def test_static_model_with_batching_compiles_power_of_two_batches():
     mbs, inputs = specs(build_resnet(), {"name": "m", "max_batch_size": 6})
-    shapes = compiled_shapes("m", mbs, inputs, BackendOptions(static_model=True))
+    shapes = compiled_shapes("m", mbs, inputs, BackendOptions.make(static_model=True))
     assert [s["image"][0] for s in shapes] == [1, 2, 4, 6]
     assert all(s["image"][1:] == (3, 64, 64) for s in shapes)
 
 
 def test_static_model_fully_static_onnx():
     mbs, inputs = specs(build_identity_fixed())
-    assert compiled_shapes("m", mbs, inputs, BackendOptions(static_model=True)) == [{"x": (2, 3)}]
+    assert compiled_shapes("m", mbs, inputs, BackendOptions.make(static_model=True)) == [{"x": (2, 3)}]
 
 
 def test_static_model_refuses_unresolved_dims_and_says_how_to_fix():
     mbs, inputs = specs(build_bert())
     with pytest.raises(ConfigError) as info:
-        compiled_shapes("m", mbs, inputs, BackendOptions(static_model=True))
+        compiled_shapes("m", mbs, inputs, BackendOptions.make(static_model=True))
     message = str(info.value)
     assert "input 'input_ids' dim 1 ('sequence') is unresolved" in message
     assert "graph.ge.inputShape" in message and "dims" in message
@@ -88,7 +88,7 @@ def test_static_model_with_config_dims_is_resolved():
         {"name": "input_ids", "data_type": "TYPE_INT64", "dims": [16]},
         {"name": "attention_mask", "data_type": "TYPE_INT64", "dims": [16]}]}
     mbs, inputs = specs(build_bert(), config)
-    assert compiled_shapes("m", mbs, inputs, BackendOptions(static_model=True)) == [
+    assert compiled_shapes("m", mbs, inputs, BackendOptions.make(static_model=True)) == [
         {"input_ids": (1, 16), "attention_mask": (1, 16)}, {"input_ids": (2, 16), "attention_mask": (2, 16)}]
 
 

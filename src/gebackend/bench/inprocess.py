@@ -131,7 +131,7 @@ class Ceiling:
         self.last_latencies_us = np.zeros(0)
         self.instances_here = []  # the ModelInstance of each instance measured in this process
         name = self.config["name"]
-        self.instance_cpus = plan_cpus(self.instances, parsed_options(name, self.config).options.cores_per_instance)
+        self.instance_cpus = plan_cpus(self.instances, parsed_options(name, self.config).options.instances.cores_per_instance)
         self.cpu_sets = self.instance_cpus[:1] if self.instances > 1 else self.instance_cpus  # loaded here
         for number, cpus in enumerate(self.cpu_sets):
             # Build each instance on a thread pinned like the served instance's process, so the engine's thread

@@ -150,7 +150,7 @@ def _precision_report(path: Path, mode: str, engine: str, shapes):
     if engine_kind.lowers_in_engine:
         from gebackend.config.options import BackendOptions
 
-        lowered = engine_kind.dynamic(path, BackendOptions(engine=engine, precision_mode=mode), ("CPUExecutionProvider",))
+        lowered = engine_kind.dynamic(path, BackendOptions.make(engine=engine, precision_mode=mode), ("CPUExecutionProvider",))
         try:
             return accuracy_report(path, lowered, feeds)
         finally:

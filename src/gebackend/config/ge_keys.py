@@ -97,23 +97,24 @@ def device_notes(options: Any, model_config: Mapping[str, Any], instance_kind: s
     """The load-log lines for ge-backend's device keys: what ge-backend would do, and what happens here."""
     notes = []
     on_cpu = not instance_kind.upper().endswith("GPU")
-    if options.device_ids:
-        ids = ",".join(map(str, options.device_ids))
-        if getattr(options, "execution_provider", "auto") == "cann":
+    instances = options.instances
+    if instances.device_ids:
+        ids = ",".join(map(str, instances.device_ids))
+        if options.engines.execution_provider == "cann":
             where = "execution_provider=cann: instance i runs on NPU device_ids[i % count]"
         elif on_cpu:
             where = "this instance runs on the CPU, so they select nothing (execution_provider=cann runs on them)"
         else:
             where = "Triton places GPU instances (instance_group { gpus: [...] }), so they select nothing"
         notes.append(f"device_ids {ids} (ge-backend: the NPUs the model spreads over): {where}")
-    if options.device_exec_blocks != -1 or options.instance_exec_blocks != 1:
-        instances = instance_count(model_config)
-        devices = len(options.device_ids) or 1
-        blocks = exec_blocks(instances, devices, options.instance_exec_blocks, options.device_exec_blocks)
+    if instances.device_exec_blocks != -1 or instances.instance_exec_blocks != 1:
+        count = instance_count(model_config)
+        devices = len(instances.device_ids) or 1
+        blocks = exec_blocks(count, devices, instances.instance_exec_blocks, instances.device_exec_blocks)
         set_keys = ", ".join(
-            [f"device_exec_blocks={options.device_exec_blocks}"] * (options.device_exec_blocks != -1)
-            + [f"instance_exec_blocks={options.instance_exec_blocks}"] * (options.instance_exec_blocks != 1))
+            [f"device_exec_blocks={instances.device_exec_blocks}"] * (instances.device_exec_blocks != -1)
+            + [f"instance_exec_blocks={instances.instance_exec_blocks}"] * (instances.instance_exec_blocks != 1))
         notes.append(
             f"{set_keys}: ge-backend would run {blocks} execution block(s) on each of {devices} device(s); here each "
-            f"Triton instance runs one engine, so instance_group count ({instances}) sets how many run at once")
+            f"Triton instance runs one engine, so instance_group count ({count}) sets how many run at once")
     return notes

@@ -18,12 +18,12 @@ def load_report(parsed: ParsedOptions, model_config: Mapping[str, Any], instance
     if parsed.no_effect:
         lines.append((True, describe_no_effect(parsed.no_effect)))
     lines.extend((False, note) for note in device_notes(options, model_config, instance_kind))
-    accelerators = options.accelerators
+    accelerators = options.engines.accelerators
     if accelerators.cpu:
         if parsed.sources.get("engine") == "optimization.execution_accelerators":
             effect = "selects engine=openvino"
         else:
-            effect = f"the config.pbtxt parameter engine={options.engine} wins"
+            effect = f"the config.pbtxt parameter engine={options.engines.engine} wins"
         lines.append((False, f"cpu_execution_accelerator {', '.join(accelerators.cpu)}: {effect}"))
     if accelerators.gpu:
         described = ", ".join(a.describe() for a in accelerators.gpu)

@@ -1,4 +1,7 @@
-"""Backend options: the known keys, their parsers and defaults, and how the global and per-model sources merge.
+"""Backend options: the known keys and their parsers, and how the global and per-model sources merge.
+
+The typed options and their defaults, grouped by the part that reads them, are `BackendOptions` in
+config/option_groups.py (imported from here too).
 
 Options reach a model from two places, merged in this order (later wins):
 1. global: `gebackend serve --backend-config ge,KEY=VALUE` (also `npu_ge,`), carried to the backend
@@ -24,8 +27,9 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
-from gebackend.config.accelerators import Accelerators, parse_accelerators
+from gebackend.config.accelerators import parse_accelerators
 from gebackend.config.ge_keys import ALIASES, PRECISION_V1, is_ge_family
+from gebackend.config.option_groups import BackendOptions
 from gebackend.control import env
 from gebackend.errors import ConfigError
 
@@ -138,53 +142,8 @@ _OPT_LEVELS = {
 }
 
 
-@dataclass(frozen=True)
-class BackendOptions:
-    """Every option a model can set, typed, with its default."""
-
-    intra_op_thread_count: int = 0  # 0: the engine's default
-    inter_op_thread_count: int = 0
-    execution_mode: str = "sequential"
-    enable_mem_arena: bool = True
-    enable_mem_pattern: bool = True
-    graph_optimization_level: str = "all"
-    default_max_batch_size: int = 8
-    static_model: bool = False
-    input_shape: str = ""  # ge-backend's graph.ge.inputShape, e.g. "image:-1,3,-1,-1"
-    dynamic_dims: str = ""  # ge-backend's graph.ge.dynamicDims, e.g. "1,224,224;8,224,224"
-    dynamic_node_type: str = ""  # ge-backend's graph.ge.dynamicNodeType: accepted, nothing to do on these engines
-    bucket_fallback: str = "error"  # a request that fits no bucket: "error" (400) or "dynamic" (run unspecialised)
-    bucket_paddable_dims: tuple[str, ...] = ()  # ONNX dim names (e.g. "sequence") a request may be zero-padded along
-    fold_size_limit: int = 1 << 20  # bytes: a folded constant larger than this stays unfolded
-    enable_cuda_graph: bool = True  # capture static graphs as CUDA graphs when the CUDA provider runs them
-    profiling: str = "off"  # "true": from load until the server stops; "dynamic": `gebackend profile start/stop`
-    profiling_dir: str = "profiling"  # where captures go: <profiling_dir>/<model>/<timestamp>/
-    dump_graph: bool = False  # write every compiled static graph as ONNX under <profiling_dir>/<model>/graphs/
-    engine: str = "onnxruntime"  # "onnxruntime" | "openvino" | "auto" (what is installed and fastest here)
-    precision_mode: str = "origin"  # "origin" (exact, as given) | "fp16" | "bf16" | "int8"
-    cores_per_instance: int = 0  # CPU cores each instance is pinned to; 0: the machine's cores divided evenly
-    # ONNX Runtime graph optimizers to switch off, e.g. SkipLayerNormFusion. None: the engine's default for the
-    # graph mode (static ORT graphs: SkipLayerNormFusion, see engines/onnxruntime.py); "none": nothing disabled.
-    disabled_optimizers: tuple[str, ...] | None = None
-    pin_instances: str = "auto"  # "auto": pin when the model has several instances or sets cores_per_instance; "on" | "off"
-    disable_prepacking: bool = False  # ORT packs MatMul weights per session: off saves ~the MatMul weights per bucket
-    allow_spinning: str = "auto"  # ORT intra-op spinning: "auto" (off when pinned instances share cores) | "on" | "off"
-    # An instance inside one execute() this long, or frozen this long, is killed and its model restored (control/heartbeat.py); 0: never
-    hang_timeout_s: float = 120.0
-    # optimization { execution_accelerators } (config/accelerators.py): parsed, for the engines to run
-    accelerators: Accelerators = field(default_factory=Accelerators)
-    device_ids: tuple[int, ...] = ()  # ge-backend's device_ids: parsed and reported (config/ge_keys.py)
-    device_exec_blocks: int = -1  # ge-backend's execution blocks per device; -1: computed. Reported, no effect
-    instance_exec_blocks: int = 1  # ge-backend's execution blocks per instance. Reported, no effect
-    dump_data: bool = False  # write the first request's every node input and output (profiling/dump_data.py)
-    # engine=onnxruntime: the execution provider; "auto": from instance_group kind and gpu_execution_accelerator
-    # (engines/providers/: cpu, cuda, tensorrt, cann). CANN has no Triton instance kind, so it is asked for by name
-    execution_provider: str = "auto"
-    device: str = "CPU"  # engine=openvino: OpenVINO's device, e.g. GPU, GPU.1, NPU, AUTO, AUTO:GPU,CPU (engines/openvino_device.py)
-    device_fallback: str = "none"  # "cpu": run on the CPU where the asked provider or device is absent; "none": the load fails
-
-
-# key -> (field name, parser). Aliases map several keys onto one field.
+# key -> (field name, parser): the one table of keys. A field name is flat (`BackendOptions.make(**{name: value})`);
+# its group follows from config/option_groups.py. Aliases map several keys onto one field.
 _KEYS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "intra_op_thread_count": ("intra_op_thread_count", _non_negative_int),
     "inter_op_thread_count": ("inter_op_thread_count", _non_negative_int),
@@ -229,6 +188,8 @@ _TARGETS = {**_KEYS, "precision_mode_v1": ("precision_mode", _choice(PRECISION_V
 _KEYS.update({key: _TARGETS[target] for key, target in ALIASES.items() if key != target})
 
 KNOWN_KEYS = frozenset(_KEYS)
+# Fields no key sets: config.pbtxt's sections alone give them (_config_sections).
+SECTION_ONLY_FIELDS = frozenset({"accelerators"})
 
 
 @dataclass(frozen=True)
@@ -302,7 +263,7 @@ def parse_options(
                     f"model '{model_name}': option {key}={text!r} (from {where}) is invalid: {exc}"
                 ) from None
             sources[key] = source
-    return ParsedOptions(BackendOptions(**values), tuple(unknown), sources, tuple(no_effect))
+    return ParsedOptions(BackendOptions.make(**values), tuple(unknown), sources, tuple(no_effect))
 
 
 def _config_sections(model_name: str, model_config: Mapping[str, Any], values: dict, sources: dict) -> None:

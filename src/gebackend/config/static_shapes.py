@@ -109,10 +109,11 @@ def _batch_sizes(max_batch_size: int) -> list[int]:
 
 def compiled_shapes(model: str, max_batch_size: int, inputs: Sequence[TensorSpec], options: BackendOptions) -> list[Shapes]:
     """The shapes to compile, smallest first; [] when the model runs in dynamic graph mode."""
-    if options.input_shape or options.dynamic_dims:
-        buckets = parse_buckets(model, options.input_shape, options.dynamic_dims)
+    static = options.static
+    if static.input_shape or static.dynamic_dims:
+        buckets = parse_buckets(model, static.input_shape, static.dynamic_dims)
         checked = [_check_bucket(model, n, b, inputs, max_batch_size) for n, b in enumerate(buckets, start=1)]
-    elif options.static_model:
+    elif static.static_model:
         for tensor in inputs:
             for axis, (dim, label) in enumerate(zip(tensor.dims, tensor.labels)):
                 if dim == -1:
@@ -134,7 +135,7 @@ def compiled_shapes(model: str, max_batch_size: int, inputs: Sequence[TensorSpec
 
 def check_paddable(model: str, inputs: Sequence[TensorSpec], options: BackendOptions) -> None:
     labels = {label for t in inputs for label in t.labels if label}
-    for name in options.bucket_paddable_dims:
+    for name in options.static.bucket_paddable_dims:
         if name not in labels:
             raise ConfigError(
                 f"model '{model}': bucket_paddable_dims names dim '{name}', but the model's named dims are {sorted(labels)}"

@@ -11,7 +11,7 @@ import onnx
 import onnxruntime as ort
 from onnxruntime.capi import onnxruntime_pybind11_state as ort_state
 
-from gebackend.config.options import BackendOptions
+from gebackend.config.option_groups import BackendOptions, OrtSessionOptions
 from gebackend.engines.base import (
     Engine,
     EngineInputError,
@@ -43,14 +43,14 @@ _OPT_LEVELS = {
 STATIC_CPU_DISABLED_OPTIMIZERS = ("SkipLayerNormFusion",)
 
 
-def disabled_optimizers(options: BackendOptions, static: bool, device: str = "cpu") -> list[str]:
+def disabled_optimizers(options: OrtSessionOptions, static: bool, device: str = "cpu") -> list[str]:
     """The ORT graph optimizers a session switches off: the user's list, else the default for the graph mode."""
     if options.disabled_optimizers is not None:
         return list(options.disabled_optimizers)
     return list(STATIC_CPU_DISABLED_OPTIMIZERS) if static and device == "cpu" else []
 
 
-def session_options(options: BackendOptions) -> ort.SessionOptions:
+def session_options(options: OrtSessionOptions) -> ort.SessionOptions:
     """Translate our options into ONNX Runtime's, as Triton's onnxruntime_backend names them."""
     so = ort.SessionOptions()
     so.intra_op_num_threads = options.intra_op_thread_count
@@ -107,7 +107,7 @@ def describe_provider(selection: Selection) -> str:
     return "" if selection.kind.name == "cpu" and not selection.note else f" {selection.describe()}"
 
 
-def describe_tuning(options: BackendOptions, disabled: Sequence[str]) -> str:
+def describe_tuning(options: OrtSessionOptions, disabled: Sequence[str]) -> str:
     """The tuning part of an engine's load line: spinning, disabled optimizers and where they come from."""
     text = f" allow_spinning={options.allow_spinning}" if options.allow_spinning != "auto" else ""
     if disabled:
@@ -123,11 +123,11 @@ class OrtEngine(Engine):
         self._options = options
         self._path = path
         self._selection = as_selection(providers)  # engines/providers/: the entries, and the provider they are
-        self._disabled = disabled_optimizers(options, static=False)
+        self._disabled = disabled_optimizers(options.session, static=False)
         self._swap = ProfilingSwap(self._new_session())
 
     def _new_session(self, profile_prefix: Path | None = None) -> ort.InferenceSession:
-        so = session_options(self._options)
+        so = session_options(self._options.session)
         if profile_prefix is not None:
             so.enable_profiling = True
             so.profile_file_prefix = str(profile_prefix)
@@ -159,7 +159,7 @@ class OrtEngine(Engine):
         return [ProfiledSession(Path(profiled.end_profiling()), "dynamic", "dynamic", start)]
 
     def describe(self) -> str:
-        o = self._options
+        o = self._options.session
         return (
             f"onnxruntime {ort.__version__} providers={self._swap.serving.get_providers()} "
             f"intra_op_threads={o.intra_op_thread_count or 'default'} inter_op_threads={o.inter_op_thread_count or 'default'} "

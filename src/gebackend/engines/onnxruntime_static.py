@@ -25,7 +25,6 @@ A graph with a string input or output (IOBinding takes none) runs through `sessi
 
 from __future__ import annotations
 
-import dataclasses
 import shutil
 import tempfile
 import weakref
@@ -203,10 +202,10 @@ class OrtStaticEngine(StaticEngine):
     ):
         """`temp_parent`: where to make the private folder of graph files (the system temp folder when None)."""
         super().__init__([g.shapes for g in graphs])
-        if options.allow_spinning == "auto" and len(graphs) > 1:
+        if options.session.allow_spinning == "auto" and len(graphs) > 1:
             # every session has its own thread pool; spinning pools of the buckets that just ran steal the
             # cores from the one running now (measured: 3.3 ms alone vs 6.5 ms round-robin on 2 cores)
-            options = dataclasses.replace(options, allow_spinning="off")
+            options = options.replace(allow_spinning="off")
         self._options = options
         self._selection = as_selection(providers)  # engines/providers/: each bucket's provider options
         self.device = self._selection.device  # where buffers are bound: "cuda" or "cpu"
@@ -224,7 +223,7 @@ class OrtStaticEngine(StaticEngine):
 
     def _start(self, graphs: Sequence[CompiledGraph], warmup_runs: int) -> None:
         self._graphs = [self._prepare(number, graph) for number, graph in enumerate(graphs, start=1)]
-        self._disabled = disabled_optimizers(self._options, static=True, device=self.device)
+        self._disabled = disabled_optimizers(self._options.session, static=True, device=self.device)
         for number, graph in enumerate(self._graphs):
             bound = self._build(graph)
             self._swap.serving[number] = bound
@@ -270,7 +269,7 @@ class OrtStaticEngine(StaticEngine):
         )
 
     def _build(self, graph: _Prepared, profile_prefix: Path | None = None) -> _Bound:
-        capture = (self._options.enable_cuda_graph and profile_prefix is None and graph.fully_static
+        capture = (self._options.static.enable_cuda_graph and profile_prefix is None and graph.fully_static
                    and self._selection.can_capture)
         try:
             session = self._open(graph, profile_prefix, capture)
@@ -287,7 +286,7 @@ class OrtStaticEngine(StaticEngine):
                       self._selection.run_config(graph.index, capture), captured=capture)
 
     def _open(self, graph: _Prepared, profile_prefix: Path | None, capture: bool) -> ort.InferenceSession:
-        so = session_options(self._options)
+        so = session_options(self._options.session)
         if profile_prefix is not None:
             so.enable_profiling = True
             so.profile_file_prefix = str(profile_prefix)
@@ -347,7 +346,7 @@ class OrtStaticEngine(StaticEngine):
         return sum(array.nbytes for array, _ in self._shared.values())
 
     def describe(self) -> str:
-        o = self._options
+        o = self._options.session
         buckets = list(self._swap.serving.values())
         captured = sum(b.captured for b in buckets)
         capture = "on" if captured == len(buckets) else "off" if not captured else f"{captured} of {len(buckets)} buckets"

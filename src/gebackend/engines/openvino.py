@@ -94,7 +94,7 @@ def _short(t: ov.Type) -> str:
 
 def compile_config(options: BackendOptions, precision: Precision, profile: bool = False, device: Device = CPU_DEVICE) -> dict:
     """The plugin properties for one compiled model on `device` (engines/openvino_device.py)."""
-    return plugin_config(device, precision.hint, profile, options.intra_op_thread_count)
+    return plugin_config(device, precision.hint, profile, options.session.intra_op_thread_count)
 
 
 # ------------------------------------------------------------------------------------------ one compiled model
@@ -207,8 +207,8 @@ class OvEngine(Engine):
     def __init__(self, path: Path, options: BackendOptions):
         self._path = Path(path)
         self._options = options
-        self.device = resolve_device(options.device, options.device_fallback)
-        self.precision = resolve_precision(options.precision_mode, device=self.device)
+        self.device = resolve_device(options.engines.device, options.engines.device_fallback)
+        self.precision = resolve_precision(options.engines.precision_mode, device=self.device)
         self._model = _read(str(self._path), str(self._path))
         self._swap: ProfilingSwap[_Compiled] = ProfilingSwap(self._compile())  # state: the _Profile while profiling
 

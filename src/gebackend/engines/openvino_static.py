@@ -86,8 +86,8 @@ class OvStaticEngine(StaticEngine):
         and reshapes a copy per bucket instead of reading each bucket's graph: the copies share their constants."""
         super().__init__([g.shapes for g in graphs])
         self._options = options
-        self.device = resolve_device(options.device, options.device_fallback)
-        self.precision = resolve_precision(options.precision_mode, device=self.device)
+        self.device = resolve_device(options.engines.device, options.engines.device_fallback)
+        self.precision = resolve_precision(options.engines.precision_mode, device=self.device)
         self._graphs = list(graphs)
         if not self._graphs:
             raise ModelLoadError("the OpenVINO static engine needs at least one compiled graph")

@@ -127,6 +127,6 @@ class FirstRequestDump:
 
 def first_request_dump(spec, instance: str, log: Callable[[str], None] = lambda m: None) -> FirstRequestDump | None:
     """The dump an instance of `spec` does, or None when dump_data is off."""
-    if not spec.options.dump_data:
+    if not spec.options.diagnostics.dump_data:
         return None
-    return FirstRequestDump(spec.name, instance, spec.path, spec.options.profiling_dir, log)
+    return FirstRequestDump(spec.name, instance, spec.path, spec.options.diagnostics.profiling_dir, log)

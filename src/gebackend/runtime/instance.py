@@ -99,9 +99,9 @@ class ModelInstance:
         log.info(f"gebackend: model '{name}' instance '{instance.name}' loaded {path.name} in {seconds:.2f}s: "
                  f"max_batch_size={spec.max_batch_size}, {how}")
         profiling = None
-        if spec.options.profiling != "off":
-            profiling = ProfilingControl(name, instance.name, executor.runner.engines(), spec.options.profiling,
-                                         spec.options.profiling_dir, say)
+        if spec.options.diagnostics.profiling != "off":
+            profiling = ProfilingControl(name, instance.name, executor.runner.engines(), spec.options.diagnostics.profiling,
+                                         spec.options.diagnostics.profiling_dir, say)
         dump = first_request_dump(spec, instance.name, say)
         return cls(spec, executor, how, seconds, instance.name, profiling, _heartbeat(spec), ledger, dump, log)
 
@@ -162,8 +162,8 @@ def _pin(name: str, instance: InstanceInfo, config: Mapping[str, Any], options, 
 
     ledger = None
     try:
-        plan = plan_for_instance(name, instance.name, config, options.pin_instances, options.cores_per_instance,
-                                 instance.device_id)
+        plan = plan_for_instance(name, instance.name, config, options.instances.pin_instances,
+                                 options.instances.cores_per_instance, instance.device_id)
         if plan is None:
             return options, None
         control = control_dir()
@@ -178,8 +178,8 @@ def _pin(name: str, instance: InstanceInfo, config: Mapping[str, Any], options, 
             ledger.release()
         return options, None
     pinned, notes = pinned_options(options, plan)
-    message = (f"instance '{instance.name}': {plan.describe()}; intra_op_threads={pinned.intra_op_thread_count} "
-               f"inter_op_threads={pinned.inter_op_thread_count} allow_spinning={pinned.allow_spinning}")
+    message = (f"instance '{instance.name}': {plan.describe()}; intra_op_threads={pinned.session.intra_op_thread_count} "
+               f"inter_op_threads={pinned.session.inter_op_thread_count} allow_spinning={pinned.session.allow_spinning}")
     (log.warn if plan.note or notes else log.info)(f"gebackend: model '{name}': {'; '.join([message, *notes])}")
     return pinned, ledger
 
@@ -194,6 +194,6 @@ def _instance_index(name: str, instance: InstanceInfo, config: Mapping[str, Any]
 def _heartbeat(spec: ModelSpec) -> Heartbeat | None:
     """Beat for the watchdog of `gebackend serve` (none without it, or with hang_timeout_s=0)."""
     control = control_dir()
-    if control is None or spec.options.hang_timeout_s <= 0:
+    if control is None or spec.options.instances.hang_timeout_s <= 0:
         return None
-    return Heartbeat(control, spec.options.hang_timeout_s)
+    return Heartbeat(control, spec.options.instances.hang_timeout_s)

@@ -31,7 +31,7 @@ def load_executor(
     folder: Path | None = None
     precision = ""
     # lowered here unless the engine (OpenVINO's precision hint) or the provider (TensorRT, CANN) applies it itself
-    if (spec.options.precision_mode != "origin" and not kind(engine_name(spec.options)).lowers_in_engine
+    if (spec.options.engines.precision_mode != "origin" and not kind(engine_name(spec.options.engines)).lowers_in_engine
             and not getattr(providers, "lowers_precision", False)):
         folder = _lowered_dir(spec.name)
         try:
@@ -61,9 +61,9 @@ def _lower(spec: ModelSpec, folder: Path, providers: Sequence, log: Callable[[st
     from gebackend.compile.accuracy import accuracy_report, random_feeds
     from gebackend.compile.precision import lower_precision
 
-    mode = spec.options.precision_mode
+    mode = spec.options.engines.precision_mode
     lowered = lower_precision(spec.path, mode, folder, log)
-    ran = kind(engine_name(spec.options)).precision_run(mode)
+    ran = kind(engine_name(spec.options.engines)).precision_run(mode)
     if ran.note:
         log(f"precision {mode}: {ran.note}")
     try:
@@ -105,11 +105,12 @@ def _static_executor(spec: ModelSpec, providers: Sequence, log: Callable[[str], 
         spec.batching,
         {t.name: t.labels for t in spec.inputs},
         {t.name: t.labels for t in spec.outputs},
-        spec.options.bucket_paddable_dims,
+        spec.options.static.bucket_paddable_dims,
     )
-    fallback = create_engine(spec, providers) if spec.options.bucket_fallback == "dynamic" else None
+    fallback = create_engine(spec, providers) if spec.options.static.bucket_fallback == "dynamic" else None
     runner = BucketRunner(spec.name, router, engine, output_names, fallback)
-    how = f"static graph, buckets [{' | '.join(router.describe())}], fallback={spec.options.bucket_fallback}, {engine.describe()}"
+    how = (f"static graph, buckets [{' | '.join(router.describe())}], fallback={spec.options.static.bucket_fallback}, "
+           f"{engine.describe()}")
     return Executor(spec, runner), how
 
 
@@ -117,8 +118,8 @@ def _static_engine(spec: ModelSpec, providers: Sequence, log: Callable[[str], No
     """Compile every shape of a static spec through the passes, log the doctor's report, build the engine."""
     from gebackend.compile.pipeline import compile_static
 
-    graphs, report = compile_static(spec.path, spec.static_shapes, spec.options.fold_size_limit, log)
-    if spec.options.dump_graph:
+    graphs, report = compile_static(spec.path, spec.static_shapes, spec.options.static.fold_size_limit, log)
+    if spec.options.diagnostics.dump_graph:
         _dump(spec, graphs, log)
     if report is not None:
         for line in report.format_text().splitlines():
@@ -133,7 +134,7 @@ def _dump(spec: ModelSpec, graphs, log: Callable[[str], None]) -> None:
     """dump_graph=1: every compiled graph as ONNX, ready for Netron."""
     import onnx
 
-    folder = Path(spec.options.profiling_dir).resolve() / spec.name / "graphs"
+    folder = Path(spec.options.diagnostics.profiling_dir).resolve() / spec.name / "graphs"
     folder.mkdir(parents=True, exist_ok=True)
     for number, graph in enumerate(graphs, start=1):
         shape = "_".join(f"{n}-{'x'.join(map(str, s))}" for n, s in graph.shapes.items())

@@ -244,18 +244,17 @@ def pinned_options(options, plan: PinPlan):
     intra-op spinning is switched off when the set is shared with another instance, since a spinning
     pool burns the core its neighbour needs.
     """
-    from dataclasses import replace
-
     notes: list[str] = []
     changes: dict[str, Any] = {}
     cores = len(plan.cpus)
-    if options.intra_op_thread_count == 0:
+    session = options.session
+    if session.intra_op_thread_count == 0:
         changes["intra_op_thread_count"] = cores
-    elif options.intra_op_thread_count > cores:
-        notes.append(f"intra_op_thread_count={options.intra_op_thread_count} (set by the user) exceeds the "
+    elif session.intra_op_thread_count > cores:
+        notes.append(f"intra_op_thread_count={session.intra_op_thread_count} (set by the user) exceeds the "
                      f"{cores} pinned core(s): threads share cores")
-    if options.inter_op_thread_count == 0:
+    if session.inter_op_thread_count == 0:
         changes["inter_op_thread_count"] = 1
-    if options.allow_spinning == "auto" and plan.shared:
+    if session.allow_spinning == "auto" and plan.shared:
         changes["allow_spinning"] = "off"
-    return replace(options, **changes), notes
+    return options.replace(**changes), notes

@@ -147,17 +147,17 @@ def _instance_kind(instance_kind: str) -> str:
     return str(instance_kind or "CPU").upper().removeprefix("KIND_")
 
 
-def _choose(options, instance_kind: str) -> tuple[ProviderKind, str]:
-    """The provider an instance asks for and why (for the messages)."""
+def _choose(choice, instance_kind: str) -> tuple[ProviderKind, str]:
+    """The provider an instance asks for and why (for the messages); `choice`: the options' `engines` group."""
     from gebackend.engines import engine_name
 
-    engine = engine_name(options)
+    engine = engine_name(choice)
     if engine != "onnxruntime":
         return kind("cpu"), f"engine={engine}"
-    if options.execution_provider != "auto":
-        return kind(options.execution_provider), f"execution_provider={options.execution_provider}"
+    if choice.execution_provider != "auto":
+        return kind(choice.execution_provider), f"execution_provider={choice.execution_provider}"
     if instance_kind == "GPU":
-        listed = [a.name for a in options.accelerators.gpu]
+        listed = [a.name for a in choice.accelerators.gpu]
         for provider in map(kind, _MODULES):
             if provider.accelerator in listed:
                 return provider, f"gpu_execution_accelerator {provider.accelerator}"
@@ -167,9 +167,9 @@ def _choose(options, instance_kind: str) -> tuple[ProviderKind, str]:
     return kind("cpu"), f"instance_group kind KIND_{instance_kind}"
 
 
-def _device(options, instance_kind: str, device_id: int, instance_index: int) -> int:
-    if instance_kind != "GPU" and options.device_ids:
-        return options.device_ids[instance_index % len(options.device_ids)]
+def _device(device_ids: Sequence[int], instance_kind: str, device_id: int, instance_index: int) -> int:
+    if instance_kind != "GPU" and device_ids:
+        return device_ids[instance_index % len(device_ids)]
     return int(device_id)
 
 
@@ -184,13 +184,14 @@ def select_providers(spec, instance_kind: str = "CPU", device_id: int = 0, avail
     repository's file where `spec.path` is a temporary copy, as npu_ge's renamed tensors make one).
     """
     options = spec.options
+    choice = options.engines
     where = _instance_kind(instance_kind)
-    provider, why = _choose(options, where)
+    provider, why = _choose(choice, where)
     path = Path(model_path) if model_path is not None else spec.path
-    target = Target(spec.name, path, options, _device(options, where, device_id, instance_index))
+    target = Target(spec.name, path, options, _device(options.instances.device_ids, where, device_id, instance_index))
     notes = []
-    if options.device != "CPU" and not why.startswith("engine="):
-        notes.append(f"device={options.device} is the OpenVINO engine's option; ONNX Runtime runs on execution_provider")
+    if choice.device != "CPU" and not why.startswith("engine="):
+        notes.append(f"device={choice.device} is the OpenVINO engine's option; ONNX Runtime runs on execution_provider")
     if available is None:
         import onnxruntime as ort
 
@@ -198,7 +199,7 @@ def select_providers(spec, instance_kind: str = "CPU", device_id: int = 0, avail
     missing = [name for name in provider.ort_names if name not in available]
     if missing:
         have = ", ".join(available)
-        if options.device_fallback != "cpu":
+        if choice.device_fallback != "cpu":
             raise ModelLoadError(
                 f"{why} asks for the {provider.name} execution provider, but this onnxruntime has no "
                 f"{', '.join(missing)} (it has {have}): {provider.install}; or set device_fallback=cpu to run on the "

@@ -29,7 +29,7 @@ PRECISION = {"origin": "must_keep_origin_dtype", "fp16": "allow_mix_precision_fp
 
 
 def cann_entry(target: Target) -> tuple[str, dict[str, str]]:
-    mode = target.options.precision_mode
+    mode = target.options.engines.precision_mode
     if mode not in PRECISION:
         raise ModelLoadError(
             f"precision_mode={mode} is not available on the CANN provider (it needs a model quantized with Ascend's "

@@ -21,7 +21,7 @@ INSTALL = ("pip uninstall -y onnxruntime && pip install onnxruntime-gpu (it need
 
 def cuda_entry(target: Target) -> tuple[str, dict[str, str]]:
     """The CUDA provider with config.pbtxt's cuda parameters and this instance's device."""
-    accelerator = target.options.accelerators.cuda
+    accelerator = target.options.engines.accelerators.cuda
     if accelerator is not None:
         return ORT_NAME, accelerator.provider_options(target.device_id)
     return ORT_NAME, {"device_id": str(target.device_id)}

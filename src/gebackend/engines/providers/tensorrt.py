@@ -107,10 +107,10 @@ def _on(options: dict[str, str], key: str) -> bool:
 
 def trt_entry(target: Target, shapes: Shapes | None = None) -> tuple[str, dict[str, str]]:
     """The TensorRT provider for the dynamic graph (`shapes` None) or for one static bucket."""
-    accelerator = target.options.accelerators.tensorrt or TensorRTAccelerator()
+    accelerator = target.options.engines.accelerators.tensorrt or TensorRTAccelerator()
     options = accelerator.provider_options(target.device_id)
-    if accelerator.precision_mode == "FP32" and target.options.precision_mode in _PRECISION_FLAGS:
-        options[_PRECISION_FLAGS[target.options.precision_mode]] = "1"
+    if accelerator.precision_mode == "FP32" and target.options.engines.precision_mode in _PRECISION_FLAGS:
+        options[_PRECISION_FLAGS[target.options.engines.precision_mode]] = "1"
     base = None
     if _on(options, "trt_engine_cache_enable"):
         base = Path(options["trt_engine_cache_path"]) if "trt_engine_cache_path" in options else cache_dir(target)
