@@ -13,6 +13,10 @@ batch axis by torch's TorchScript exporter, as ge-backend's CN_CLIP guide does):
   cnclip_text   CN_CLIP RoBERTa-wwm-ext-base Chinese text encoder (vocab 21128, 12 layers, context 52)
   cnclip_image_l4, cnclip_text_l4   the same two encoders cut to 4 of their 12 layers (a third of the work)
 
+Stand-ins (no torch; gebackend.modelzoo.cnclip_standin): cnclip_image_standin, cnclip_text_standin, CN_CLIP's
+interface with small random-weight graphs, for trying the ensemble scenarios (`SCENARIO+ensemble`) anywhere.
+Every CN_CLIP model names its `ensemble` pipeline ("image" or "text", gebackend.bench.ensemble).
+
 The CN_CLIP encoders are built by cn_clip's own model code (`cn_clip/clip/model.py`, whose image encoder uses
 `nn.MultiheadAttention`), taken from the `cn_clip` wheel on PyPI: the wheel is downloaded once with
 `pip download --no-deps` into the cache and only its model files are loaded (the package's `__init__` imports
@@ -24,7 +28,7 @@ from __future__ import annotations
 import json
 import sys
 import types
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
@@ -61,6 +65,7 @@ class BenchModel:
     full_size: bool = False
     needs: str = ""  # python packages the export needs, for the "not available" message
     max_batch_size: int = 8
+    ensemble: str = ""  # the CN_CLIP pipeline this model can be the encoder of: "image", "text" or "" (none)
 
     def path(self, cache: Path) -> Path:
         return Path(cache) / self.name / "model.onnx"
@@ -243,6 +248,18 @@ def _export_cnclip_text(path: Path, cache: Path, layers: int | None = None, cont
     _export(TextEncoder().eval(), (text,), path, ["text"], ["unnorm_text_features"])
 
 
+def _image_standin() -> onnx.ModelProto:
+    from gebackend.modelzoo.cnclip_standin import build_cnclip_image_standin
+
+    return build_cnclip_image_standin()
+
+
+def _text_standin() -> onnx.ModelProto:
+    from gebackend.modelzoo.cnclip_standin import build_cnclip_text_standin
+
+    return build_cnclip_text_standin()
+
+
 SMALL_LAYERS = 4
 IMAGE_224 = (BenchInput("image", "float32", (3, 224, 224), -1.0, 1.0),)
 
@@ -271,7 +288,12 @@ def models(cache: Path = DEFAULT_CACHE) -> dict[str, BenchModel]:
         BenchModel("cnclip_text_l4", "CN_CLIP RoBERTa-wwm-ext-base text encoder cut to 4 layers (vocab 21128, context 52)",
                    (BenchInput("text", "int64", (52,), 1, 21128),), lambda p: _export_cnclip_text(p, cache, SMALL_LAYERS),
                    needs="torch, cn_clip wheel"),
+        BenchModel("cnclip_image_standin", "STAND-IN for CN_CLIP's image encoder (small, random weights, CN_CLIP's interface)",
+                   IMAGE_224, _save(_image_standin)),
+        BenchModel("cnclip_text_standin", "STAND-IN for CN_CLIP's text encoder (small, random weights, CN_CLIP's interface)",
+                   (BenchInput("text", "int64", (52,), 1, 21128),), _save(_text_standin)),
     ]
+    entries = [replace(m, ensemble=m.name.split("_")[1]) if m.name.startswith("cnclip_") else m for m in entries]
     return {m.name: m for m in entries}
 
 

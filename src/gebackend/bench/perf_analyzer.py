@@ -6,11 +6,13 @@ perf_analyzer comes from the tritonclient 2.41.0 wheel, unpacked into `tools/bin
 
 from __future__ import annotations
 
+import base64
 import csv
 import io
 import json
 import os
 import shutil
+import struct
 import subprocess
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -20,6 +22,7 @@ import numpy as np
 
 ENV_VAR = "GE_PERF_ANALYZER"  # an explicit path to the binary
 UNSTABLE = "Failed to obtain stable measurement"
+B64_ABOVE = 4096  # numeric input data with more values than this goes to perf_analyzer as base64
 LOOSE = 1000  # -s for the retry of an unstable level: max/min of the last 3 windows within 11x
 
 
@@ -210,9 +213,38 @@ def command(
 
 def write_input_data(path: Path, feeds: Mapping[str, np.ndarray]) -> Path:
     """perf_analyzer's --input-data JSON for one request (batch dim dropped): the bench's own valid inputs."""
-    entry = {name: {"content": np.asarray(value)[0].ravel().tolist(), "shape": list(np.asarray(value).shape[1:])}
-             for name, value in feeds.items()}
-    path.write_text(json.dumps({"data": [entry]}))
+    return write_input_entries(path, [{name: np.asarray(value)[0] for name, value in feeds.items()}])
+
+
+def tensor_json(value) -> dict:
+    """One input tensor of one request (no batch dim) as perf_analyzer 2.41's --input-data JSON reads it.
+
+    numpy array: its values row-major in "content", and its "shape". BYTES (TYPE_STRING) elements: a `str` (or a
+    list of them) goes in as JSON text, which perf_analyzer sends as its UTF-8 bytes; `bytes` (or a list of them,
+    e.g. encoded JPEGs, which JSON text cannot carry) go in as {"b64": ...} of Triton's serialised form, each
+    element a 4-byte little-endian length and then its bytes: perf_analyzer sends the decoded b64 as the raw
+    tensor, so without the lengths the server reads the first 4 bytes of the file as one. A numeric array of more
+    than B64_ABOVE values goes in as {"b64": ...} of its little-endian bytes too (perf_analyzer's binary form).
+    """
+    items = value if isinstance(value, (list, tuple)) else [value]
+    if items and all(isinstance(v, str) for v in items):
+        return {"content": list(items), "shape": [len(items)]}
+    if items and all(isinstance(v, (bytes, bytearray)) for v in items):
+        raw = b"".join(struct.pack("<I", len(v)) + bytes(v) for v in items)
+        return {"content": {"b64": base64.b64encode(raw).decode("ascii")}, "shape": [len(items)]}
+    array = np.asarray(value)
+    if array.dtype == object or array.dtype.kind in "SU":
+        raise TypeError(f"BYTES input data must be str or bytes elements, not a {array.dtype} array")
+    if array.size > B64_ABOVE:  # an image tensor as JSON numbers is ~20 bytes a value; raw little-endian is 4
+        raw = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<")).tobytes()
+        return {"content": {"b64": base64.b64encode(raw).decode("ascii")}, "shape": list(array.shape)}
+    return {"content": array.ravel().tolist(), "shape": list(array.shape)}
+
+
+def write_input_entries(path: Path, entries: Sequence[Mapping[str, object]]) -> Path:
+    """--input-data JSON with one entry per request (perf_analyzer sends them round-robin); see tensor_json."""
+    data = [{name: tensor_json(value) for name, value in entry.items()} for entry in entries]
+    path.write_text(json.dumps({"data": data}, ensure_ascii=False), encoding="utf-8")
     return path
 
 

@@ -112,8 +112,71 @@ def markdown(summary: Mapping, wanted: int = 4) -> str:
                            + row.get("server_compute_output_us", 0)) / 1000
                 out.append(f"| {res['name']} | {row['concurrency']} | {row['throughput']:.1f}{extra} | {row['p50_us'] / 1000:.2f} "
                            f"| {row['p90_us'] / 1000:.2f} | {row['p99_us'] / 1000:.2f} | {row.get('server_queue_us', 0) / 1000:.2f} | {compute:.2f} |")
+        out += ensemble_markdown(model)
         out.append("")
     return "\n".join(out)
+
+
+def _ms(us: float | None) -> float | None:
+    return None if us is None else us / 1000
+
+
+def _pct(fraction: float | None) -> str:
+    return _fmt(None if fraction is None else fraction * 100, ".0f", "%")
+
+
+def ensemble_lines(result: Mapping) -> list[dict]:
+    """A `NAME+ensemble` result per level: bare encoder vs ensemble (medians over rounds) and where the time went."""
+    info = result.get("ensemble") or {}
+    preprocess = (info.get("steps") or [None])[0]
+    lines = []
+    for row in result.get("rows") or []:
+        level = int(row["concurrency"])
+        bare = row_at(result.get("bare_rows") or [], level) or {}
+        stats = (info.get("stats") or {}).get(str(level)) or {}
+        steps = (stats.get("ensemble") or {}).get("steps") or {}
+        pre, encoder = steps.get(preprocess) or {}, steps.get(info.get("encoder_model")) or {}
+        lines.append({
+            "concurrency": level, "throughput": row["throughput"], "bare_throughput": bare.get("throughput"),
+            "of_bare": _ratio(row["throughput"], bare.get("throughput")),
+            "of_bare_paired": (info.get("of_bare_paired") or {}).get(str(level)),
+            "p50_ms": row["p50_us"] / 1000, "p99_ms": row["p99_us"] / 1000,
+            "bare_p50_ms": _ms(bare.get("p50_us")), "bare_p99_ms": _ms(bare.get("p99_us")),
+            "preprocess_ms": _ms(pre.get("time_us")), "preprocess_latency_share": pre.get("latency_share"),
+            "preprocess_work_share": pre.get("work_share"), "preprocess_batch": pre.get("avg_batch"),
+            "encoder_compute_ms": _ms(encoder.get("compute_us")),
+            "bare_encoder_compute_ms": _ms((stats.get("bare") or {}).get("compute_us")),
+            "server_ms": _ms(((stats.get("ensemble") or {}).get("ensemble") or {}).get("success_us")),
+        })
+    return lines
+
+
+def ensemble_markdown(model: Mapping) -> list[str]:
+    results = [r for r in model.get("scenarios", []) if r.get("ensemble") and r.get("rows")]
+    if not results:
+        return []
+    info = results[0]["ensemble"]
+    out = ["", f"CN_CLIP ensemble vs the bare encoder, one server, medians of {info.get('rounds')} interleaved rounds "
+           f"(ensemble inputs: {info.get('inputs')}; the bare encoder gets their preprocessed tensors). Ensemble / bare: "
+           "the ratio of the median throughputs, and the median of each round's own ratio (paired: its two runs are "
+           "adjacent in time, so load drifting between rounds cancels). Preprocess: "
+           "queue + compute per request; its share of the ensemble's server time per request (latency: from a request's "
+           "arrival to its last step's end) and of the composing models' busy time (work), from Triton's per-model "
+           "statistics.", "",
+           "| scenario | c | bare infer/s | ensemble infer/s | ensemble / bare: medians, paired | p50 ms bare → ens "
+           "| p99 ms bare → ens | ensemble server ms | preprocess ms | preprocess share: latency / work "
+           "| encoder compute ms: bare → in ens |",
+           "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for res in results:
+        for line in ensemble_lines(res):
+            share = f"{_pct(line['preprocess_latency_share'])} / {_pct(line['preprocess_work_share'])}"
+            out.append(
+                f"| {res['name']} | {line['concurrency']} | {_fmt(line['bare_throughput'], '.1f')} | {line['throughput']:.1f} "
+                f"| {_pct(line['of_bare'])}, {_pct(line['of_bare_paired'])} "
+                f"| {_fmt(line['bare_p50_ms'], '.1f')} → {line['p50_ms']:.1f} | {_fmt(line['bare_p99_ms'], '.1f')} → {line['p99_ms']:.1f} "
+                f"| {_fmt(line['server_ms'], '.2f')} | {_fmt(line['preprocess_ms'], '.2f')} | {share} "
+                f"| {_fmt(line['bare_encoder_compute_ms'], '.1f')} → {_fmt(line['encoder_compute_ms'], '.1f')} |")
+    return out
 
 
 def bs1_delta_ms(result: Mapping) -> float | None:

@@ -20,7 +20,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Callable, Sequence
 
-from gebackend.bench import inprocess, perf_analyzer, report, scenarios, server
+from gebackend.bench import ensemble_runner, inprocess, perf_analyzer, report, scenarios, server
 from gebackend.bench.models import DEFAULT_CACHE, BenchModel, models as known_models
 from gebackend.engines import cpu
 
@@ -45,6 +45,7 @@ class BenchSettings:
     cache: Path = DEFAULT_CACHE
     quick: bool = False
     startup_timeout: float = 600.0
+    rounds: int = 3  # `NAME+ensemble` scenarios: interleaved rounds of bare encoder vs ensemble, medians reported
 
     @classmethod
     def quick_preset(cls, **overrides) -> "BenchSettings":
@@ -88,8 +89,10 @@ class Bench:
             "concurrency": list(s.concurrency), "headline_concurrency": s.headline,
             "perf_settings": f"-i {s.perf.protocol} -p {s.perf.measurement_interval_ms} -s {s.perf.stability_percentage} -r {s.perf.max_trials}",
             "perf_analyzer": str(self.binary), "ceiling_seconds": s.ceiling_seconds if s.ceiling else None,
-            "loadavg_start": _loadavg(),
+            "loadavg_start": _loadavg(), "cpu": cpu.describe(),
         }
+        if any(sc.ensemble for sc in scenarios.select(s.scenarios)):
+            self.summary["meta"]["ensemble_rounds"] = s.rounds
         self.log(f"bench: writing to {self.dir}")
         catalogue = known_models(s.cache)
         chosen = scenarios.select(s.scenarios)
@@ -152,6 +155,8 @@ class Bench:
             if ran.note:
                 result["notes"] = "; ".join(filter(None, [result["notes"], ran.note]))
                 self.log(f"bench: {tag}: {ran.note}")
+        if scenario.ensemble:
+            return ensemble_runner.run(self, model, path, scenario, result, tag)
         repo = scenarios.write_repository(self.dir / "repos" / model.name / scenario.name, model, scenario, path)
         result["config"] = (repo / model.name / "config.pbtxt").read_text()
         started = time.monotonic()

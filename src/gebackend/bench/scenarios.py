@@ -12,6 +12,10 @@ Side scenarios: ge_openvino (ge_batching on the OpenVINO engine, fp32), ge_delay
 2 ms max_queue_delay: the low-concurrency batching-delay trap of docs/tuning.md), and ge_dyn_batching /
 ge_dyn_pinned (the batching and pinned rungs on the dynamic graph).
 
+Any ge scenario followed by `+ensemble` (e.g. `ge_bf16+ensemble`) serves a CN_CLIP encoder model as that
+scenario inside its CN_CLIP ensemble (bytes or text -> preprocessing -> encoder -> L2 norm) and measures the
+ensemble next to the bare encoder in the same server (gebackend.bench.ensemble and ensemble_runner).
+
 A scenario that needs a feature this installation lacks is reported as "not available" instead of failing.
 """
 
@@ -48,6 +52,7 @@ class Scenario:
     precision: str = "origin"
     requires: tuple[str, ...] = ()  # features: "openvino", "precision", "int8", "pinning"
     notes: str = ""
+    ensemble: bool = False  # served as the encoder of the model's CN_CLIP ensemble (`NAME+ensemble`)
 
     @property
     def is_ge(self) -> bool:
@@ -238,12 +243,31 @@ def write_repository(root: Path, model: BenchModel, scenario: Scenario, onnx_pat
     return root
 
 
+ENSEMBLE_SUFFIX = "+ensemble"
+
+
+def as_ensemble(scenario: Scenario) -> Scenario:
+    """`scenario` with the encoder served inside its CN_CLIP ensemble, measured next to the bare encoder."""
+    return replace(scenario, name=scenario.name + ENSEMBLE_SUFFIX, ensemble=True,
+                   title=f"CN_CLIP ensemble around the encoder as {scenario.name} ({scenario.title})")
+
+
 def select(names: Sequence[str]) -> list[Scenario]:
-    unknown = [n for n in names if n not in SCENARIOS]
+    """The scenarios named; `NAME+ensemble` is ge scenario NAME as the encoder of the model's CN_CLIP ensemble."""
+    chosen, unknown = [], []
+    for name in names:
+        base = name.removesuffix(ENSEMBLE_SUFFIX)
+        if base not in SCENARIOS:
+            unknown.append(name)
+        elif base != name and not SCENARIOS[base].is_ge:
+            raise ValueError(f"{name}: only ge scenarios can be the encoder of an ensemble ({base} is not one)")
+        else:
+            chosen.append(as_ensemble(SCENARIOS[base]) if base != name else SCENARIOS[base])
     if unknown:
-        raise ValueError(f"unknown scenario(s) {', '.join(unknown)}; known: {', '.join(SCENARIOS)}")
-    return [SCENARIOS[n] for n in names]
+        raise ValueError(f"unknown scenario(s) {', '.join(unknown)}; known: {', '.join(SCENARIOS)} "
+                         f"(each ge one also as NAME{ENSEMBLE_SUFFIX})")
+    return chosen
 
 
-__all__ = ["BUCKETS", "LADDER", "SCENARIOS", "Scenario", "availability", "config_text", "feature_missing",
-           "parameters", "select", "write_repository"]
+__all__ = ["BUCKETS", "ENSEMBLE_SUFFIX", "LADDER", "SCENARIOS", "Scenario", "as_ensemble", "availability", "config_text",
+           "feature_missing", "parameters", "select", "write_repository"]

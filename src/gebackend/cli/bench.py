@@ -33,13 +33,18 @@ def add_parser(subparsers) -> None:
     p.add_argument("--quick", action="store_true",
                    help="small model, ladder scenarios, concurrency 1,4, 1 s windows: a few minutes on 2 cores")
     p.add_argument("--models", type=_names, help="comma-separated (see --list); default: CN_CLIP image, text, ResNet-50")
-    p.add_argument("--scenarios", type=_names, help="comma-separated (see --list); default: the whole ladder")
+    p.add_argument("--scenarios", type=_names,
+                   help="comma-separated (see --list); default: the whole ladder. NAME+ensemble (e.g. ge_bf16+ensemble): "
+                        "a cnclip_* model as ge scenario NAME inside its CN_CLIP ensemble, measured next to the bare "
+                        "encoder in the same server with JPEG bytes / Chinese text")
     p.add_argument("--concurrency", type=_ints, help="comma-separated levels (default 1,4,8; quick 1,4)")
     p.add_argument("--headline", type=int, help="the concurrency the summary table reports (default 4)")
     p.add_argument("--interval-ms", type=int, help="perf_analyzer --measurement-interval (default 2000; quick 1000)")
     p.add_argument("--stability", type=int, help="perf_analyzer -s, percent (default 20; quick 40)")
     p.add_argument("--max-trials", type=int, help="perf_analyzer -r (default 6; quick 4)")
     p.add_argument("--protocol", choices=("grpc", "http"), help="perf_analyzer -i (default grpc)")
+    p.add_argument("--rounds", type=int, help="NAME+ensemble scenarios: interleaved rounds of bare encoder and "
+                   "ensemble per concurrency level, medians reported (default 3)")
     p.add_argument("--no-ceiling", action="store_true", help="skip the in-process ceiling")
     p.add_argument("--ceiling-for", type=_names, metavar="SCENARIOS",
                    help="measure the in-process ceiling only for these scenarios (default: every ge scenario)")
@@ -70,6 +75,8 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
         for scenario in scenarios.SCENARIOS.values():
             _, missing = scenarios.availability(scenario)
             print(f"scenario {scenario.name:14s} {scenario.title}{'  -- ' + missing if missing else ''}")
+        print(f"scenario NAME{scenarios.ENSEMBLE_SUFFIX:10s} any ge scenario as the encoder of a cnclip_* model's CN_CLIP "
+              "ensemble (preprocessing -> encoder -> L2 norm), measured next to the bare encoder")
         return 0
     if args.soak is not None:
         return _soak(args)
@@ -79,8 +86,11 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
         **{k: v for k, v in dict(measurement_interval_ms=args.interval_ms, stability_percentage=args.stability,
                                  max_trials=args.max_trials, protocol=args.protocol).items() if v is not None},
     )
+    if args.rounds is not None and args.rounds < 1:
+        print("gebackend bench: --rounds needs a number >= 1", file=sys.stderr)
+        return 2
     overrides = dict(models=args.models, scenarios=args.scenarios, concurrency=args.concurrency, headline=args.headline,
-                     ceiling_seconds=args.ceiling_seconds, ceiling_for=args.ceiling_for)
+                     ceiling_seconds=args.ceiling_seconds, ceiling_for=args.ceiling_for, rounds=args.rounds)
     settings = replace(base, perf=perf, out=args.out, cache=args.cache, ceiling=not args.no_ceiling,
                        **{k: v for k, v in overrides.items() if v is not None})
     signal.signal(signal.SIGTERM, _interrupt)  # stop the scenario's server and write the partial summary
