@@ -107,9 +107,8 @@ class Ensembles:
     def _infer(self, model: str, name: str, output: str, items: list[bytes]) -> np.ndarray:
         tensor = self.module.InferInput(name, [len(items), 1], "BYTES")
         tensor.set_data_from_numpy(np.array([[item] for item in items], dtype=object))
-        # No `outputs=`: asking cnclip_image for `image_features` alone failed on Triton 2.51 ("unexpected deadlock, at
-        # least one output is not set"), presumably as the other output, `unnorm_image_features`, feeds its last step.
-        return self.client.infer(model, [tensor]).as_numpy(output).astype(np.float32)
+        wanted = [self.module.InferRequestedOutput(output)]  # only the normalised embedding comes back
+        return self.client.infer(model, [tensor], outputs=wanted).as_numpy(output).astype(np.float32)
 
     def embed_images(self, files: list[Path]) -> tuple[list[Path], np.ndarray]:
         """The files the server could decode and their normalised embeddings [n, embed]."""

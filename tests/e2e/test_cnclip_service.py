@@ -212,3 +212,22 @@ def test_a_bad_request_among_concurrent_good_ones_fails_alone(cnclip):
             assert isinstance(result, InferenceServerException) and "INVALID_ARGUMENT" in str(result.status())
         else:
             assert_embeddings(result, "image", expected_image(sessions, [images[i % len(images)]]))
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+@pytest.mark.parametrize("kind", ["image", "text"])
+def test_each_ensemble_output_can_be_asked_for_alone(cnclip, protocol, kind):
+    server, sessions, tokenizer = cnclip
+    module, c = client(server, protocol)
+    if kind == "image":
+        values, model, name, unnorm = image_files()[:2], "cnclip_image", "image", expected_image(sessions, image_files()[:2])
+    else:
+        texts = TEXTS[:3]
+        values, model, name, unnorm = [t.encode() for t in texts], "cnclip_text", "text", expected_text(sessions, tokenizer, texts)
+    for wanted, expected in ((f"{kind}_features", l2(unnorm)), (f"unnorm_{kind}_features", unnorm)):
+        tensor = module.InferInput(name, [len(values), 1], "BYTES")
+        tensor.set_data_from_numpy(np.array([[v] for v in values], dtype=object))
+        result = c.infer(model, [tensor], outputs=[module.InferRequestedOutput(wanted)])
+        np.testing.assert_allclose(result.as_numpy(wanted), expected, rtol=1e-4, atol=1e-5)
+        other = f"unnorm_{kind}_features" if wanted == f"{kind}_features" else f"{kind}_features"
+        assert result.as_numpy(other) is None  # only what was asked for comes back

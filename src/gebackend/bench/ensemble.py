@@ -89,13 +89,14 @@ ensemble_scheduling {{
       model_name: "{p.encoder}"
       model_version: -1
       input_map {{ key: "{p.encoder_input}" value: "{p.preprocess_output}" }}
-      output_map {{ key: "{p.encoder_output}" value: "{p.encoder_output}" }}
+      output_map {{ key: "{p.encoder_output}" value: "encoder_output" }}
     }},
     {{
       model_name: "{p.normalize}"
       model_version: -1
-      input_map {{ key: "unnorm_features" value: "{p.encoder_output}" }}
+      input_map {{ key: "unnorm_features" value: "encoder_output" }}
       output_map {{ key: "features" value: "{p.features}" }}
+      output_map {{ key: "unnormalized" value: "{p.encoder_output}" }}
     }}
   ]
 }}
