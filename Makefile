@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 REPO := examples/model_repository
 CNCLIP_REPO := examples/cnclip_repository
 
-.PHONY: setup models serve test clean tools cnclip serve-cnclip
+.PHONY: setup models serve test clean tools cnclip serve-cnclip image deploy-tools
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -43,3 +43,19 @@ tools: $(STAMP)
 
 clean:
 	rm -rf $(VENV) $(REPO)/*/[0-9]*/ $(CNCLIP_REPO)/*/[0-9]*/
+
+# The serving image (Containerfile) FROM a Debian rootfs made here with debootstrap: no registry is needed.
+# docs/deploy.md. IMAGE=localhost/gebackend:latest by default.
+image:
+	bash tools/build_image.sh
+
+# What `make image` and the container/deploy tests need (root): podman, buildah, runc, debootstrap and kubectl; HAProxy
+# for bench/scale_out.py's round-robin proxy.
+# kubectl: the `kubectl` package where an apt source has it, else Debian's kubernetes-client (whose kustomize is too
+# old for deploy/k8s: the test then skips, saying so).
+deploy-tools:
+	apt-get update
+	DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends podman buildah runc debootstrap \
+	    uidmap slirp4netns fuse-overlayfs ca-certificates haproxy
+	command -v kubectl >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y kubectl \
+	    || DEBIAN_FRONTEND=noninteractive apt-get install -y kubernetes-client

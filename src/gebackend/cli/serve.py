@@ -11,6 +11,9 @@ from pathlib import Path
 from gebackend.config.options import parse_backend_config_args
 from gebackend.config.pbtxt import config_parse_error
 from gebackend.errors import GeBackendError
+from gebackend.server.container import preflight
+from gebackend.server.log_format import LOG_FORMATS, apply_log_format, log_format_default
+from gebackend.server.shm import backend_config_values
 from gebackend.server.launcher import ServerSettings, Shutdown, TritonServer
 from gebackend.server.repository_client import flag_values, format_model_table, load_failure_reason, repository_fingerprints
 from gebackend.server.watchdog import Watchdog, backoff
@@ -41,6 +44,13 @@ def add_parser(subparsers) -> None:
         help="do not reload a model whose backend process died or hung, nor start tritonserver again if it crashes "
              "(by default each is noticed within seconds and restored)",
     )
+    p.add_argument(
+        "--log-format", choices=LOG_FORMATS, default=log_format_default(),
+        help="iso8601: every event one line, stamped as tritonserver's ISO8601 lines, ours too (default: $GE_LOG_FORMAT "
+             "or default)",
+    )
+    p.add_argument("--no-shm-check", action="store_true",
+                   help="start even when /dev/shm is smaller than the model repository needs (see docs/deploy.md)")
     p.add_argument("--watch-interval", type=float, default=0.5, help=argparse.SUPPRESS)
     p.set_defaults(func=run)
 
@@ -51,6 +61,7 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
     except GeBackendError as exc:
         print(f"gebackend: {exc}", file=sys.stderr)
         return 2
+    extra = apply_log_format(args.log_format, extra)
     settings = ServerSettings(
         model_repository=args.model_repository.resolve(),
         http_port=args.http_port,
@@ -63,6 +74,10 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
         exit_timeout=args.exit_timeout,
         allow_model_control=args.allow_model_control,
     )
+    if not preflight(settings.model_repository, ours, others + backend_config_values(extra),
+                     lambda line: print(f"gebackend: cannot serve {settings.model_repository}: {line}", file=sys.stderr),
+                     say_ok=_say, shm=not args.no_shm_check):
+        return 1
     stop, reload = SignalFlag(), SignalFlag()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
