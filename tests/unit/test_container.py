@@ -197,7 +197,7 @@ def test_serve_refuses_to_start_before_tritonserver(tmp_path: Path, monkeypatch,
     def no_server(*args, **kwargs):
         raise AssertionError("tritonserver must not be started")
 
-    monkeypatch.setattr("gebackend.cli.serve._start", no_server)
+    monkeypatch.setattr("gebackend.server.supervisor.Supervisor.start", no_server)
     assert main(["serve", str(tmp_path)]) == 1
     err = capsys.readouterr().err
     assert "gebackend: cannot serve" in err and "/dev/shm has 64.0 MiB free" in err and "--shm-size=" in err

@@ -1,9 +1,9 @@
-"""Unit tests for `gebackend serve`'s failed-model line (cli/serve.py failure_reason): Triton's reason, or for a
+"""Unit tests for `gebackend serve`'s failed-model line (server/repository_client.py failure_reason): Triton's reason, or for a
 config.pbtxt that does not parse, the file, line, column and the parser's complaint."""
 
 from __future__ import annotations
 
-from gebackend.cli.serve import failure_reason
+from gebackend.server.repository_client import failure_reason
 
 
 def _model(repo, name, config):

@@ -365,7 +365,7 @@ def test_allowed_model_control_still_uses_the_users_own_restriction():
 
 
 def test_tritonserver_crashes_back_off_and_a_stable_run_starts_the_count_afresh():
-    from gebackend.cli.serve import Crashes
+    from gebackend.server.supervisor import Crashes
 
     now = [0.0]
     crashes = Crashes(stable_after=60.0, clock=lambda: now[0])

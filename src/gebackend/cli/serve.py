@@ -1,22 +1,25 @@
-"""`gebackend serve`: run Triton on a model repository until Ctrl-C or SIGTERM; SIGHUP reloads what changed on disk."""
+"""`gebackend serve`: run Triton on a model repository until Ctrl-C or SIGTERM; SIGHUP reloads what changed on disk.
+
+This module parses the arguments, checks what a container imposes (server/container.py), installs the signal
+handlers and prints; keeping the server running (restarts, reloads, the watchdog, the ordered stop) is
+server/supervisor.py's.
+"""
 
 from __future__ import annotations
 
 import argparse
 import signal
 import sys
-import time
 from pathlib import Path
 
 from gebackend.config.options import parse_backend_config_args
-from gebackend.config.pbtxt import config_parse_error
 from gebackend.errors import GeBackendError
 from gebackend.server.container import preflight
 from gebackend.server.log_format import LOG_FORMATS, apply_log_format, log_format_default
 from gebackend.server.shm import backend_config_values
 from gebackend.server.launcher import ServerSettings, Shutdown, TritonServer
-from gebackend.server.repository_client import flag_values, format_model_table, load_failure_reason, repository_fingerprints
-from gebackend.server.watchdog import Watchdog, backoff
+from gebackend.server.repository_client import failure_reason, flag_values, format_model_table
+from gebackend.server.supervisor import SignalFlag, Supervisor
 
 
 def add_parser(subparsers) -> None:
@@ -82,112 +85,11 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     signal.signal(signal.SIGHUP, lambda *_: reload.set())
-    started = _start(settings, stop)
-    if isinstance(started, int):
-        return started
-    server, index = started
-    _announce(settings, index, _control_line(server, args))
-    watchdog = _start_watchdog(server, args)
-    fingerprints = repository_fingerprints(settings.model_repository)
-    crashes = Crashes()
-    while True:
-        if server.process.poll() is not None:
-            watchdog.stop()
-            code = server.stop()
-            if args.no_self_healing:
-                print(f"gebackend: tritonserver exited unexpectedly with code {code}", file=sys.stderr)
-                return code or 1
-            pause = crashes.record()
-            _say(f"tritonserver exited unexpectedly with code {code}{crashes.describe()}; starting it again"
-                 + (f" in {pause:.0f}s" if pause else ""))
-            if not _sleep(pause, stop):
-                _say("stopped")
-                return 0
-            started = _start(settings, stop)
-            if isinstance(started, int):
-                return started
-            server, index = started
-            _say(f"tritonserver restarted: {_ready_line(index)}")
-            watchdog = _start_watchdog(server, args)
-            fingerprints = repository_fingerprints(settings.model_repository)
-            continue
-        time.sleep(0.25)  # a signal cuts the sleep short; the handler has already set its flag
-        if stop.is_set():
-            break
-        if reload.is_set():
-            reload.clear()
-            fingerprints = _reload(server, watchdog, fingerprints)
-    print("gebackend: stopping: finishing in-flight requests, refusing new ones", flush=True)
-    watchdog.stop()
-    result = server.shutdown(broken=watchdog.broken_models())
-    return _report_shutdown(result, settings.exit_timeout)
-
-
-def _start(settings: ServerSettings, stop: "SignalFlag") -> "tuple[TritonServer, list[dict]] | int":
-    """A started tritonserver and its repository index, or the exit code when it did not start (or was stopped)."""
-    server = TritonServer(settings)
-    try:
-        server.start()
-        index = server.wait_ready(stop)
-    except GeBackendError as exc:
-        server.stop(timeout=10)
-        print(f"gebackend: cannot serve {settings.model_repository}: {exc}", file=sys.stderr)
-        return 1
-    if stop.is_set():
-        print("gebackend: stopping before the server was ready", flush=True)
-        server.stop(timeout=10)
-        print("gebackend: stopped", flush=True)
-        return 0
-    return server, index
-
-
-def _sleep(seconds: float, stop: "SignalFlag") -> bool:
-    """Wait `seconds` unless a stop signal comes first (then False)."""
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if stop.is_set():
-            return False
-        time.sleep(0.1)
-    return not stop.is_set()
-
-
-class Crashes:
-    """tritonserver crashes in a row (a run of `stable_after` seconds starts the count afresh) and the pause
-    before the next start: 0 the first time, then 1 s, 2 s, 4 s ... at most 60 s (the watchdog's backoff)."""
-
-    def __init__(self, stable_after: float = 60.0, clock=time.monotonic):
-        self.stable_after, self.clock = stable_after, clock
-        self.in_a_row = 0
-        self.total = 0
-        self._last = 0.0
-
-    def record(self) -> float:
-        now = self.clock()
-        self.in_a_row = 1 if not self.total or now - self._last > self.stable_after else self.in_a_row + 1
-        self.total += 1
-        self._last = now
-        return backoff(self.in_a_row - 1)
-
-    def describe(self) -> str:
-        return f" ({self.in_a_row} times in a row)" if self.in_a_row > 1 else ""
-
-
-class SignalFlag:
-    """Set by a signal handler: a plain attribute, no lock. A handler that takes a lock (threading.Event.set)
-    deadlocks when the signal lands while the main thread holds that same lock inside Event.wait/clear: seen
-    as a `gebackend serve` that ignored SIGTERM for good."""
-
-    def __init__(self) -> None:
-        self.value = False
-
-    def set(self) -> None:
-        self.value = True
-
-    def clear(self) -> None:
-        self.value = False
-
-    def is_set(self) -> bool:
-        return self.value
+    supervisor = Supervisor(settings, self_healing=not args.no_self_healing, watch_interval=args.watch_interval,
+                            say=_say, complain=_complain)
+    outcome = supervisor.serve(stop, reload, lambda server, index: _announce(settings, index, _control_line(server, args)),
+                               restarted=lambda index: _say(f"tritonserver restarted: {_ready_line(index)}"))
+    return outcome if isinstance(outcome, int) else _report_shutdown(outcome, settings.exit_timeout)
 
 
 def _control_line(server: TritonServer, args: argparse.Namespace) -> str:
@@ -198,55 +100,12 @@ def _control_line(server: TritonServer, args: argparse.Namespace) -> str:
     return f"explicit, {who}; self-healing {healing}; SIGHUP reloads changed models"
 
 
-def _reload(server: TritonServer, watchdog: Watchdog, before: dict[str, tuple]) -> dict[str, tuple]:
-    """SIGHUP: load the model folders that are new or whose files changed, unload the ones that are gone.
-
-    Triton loads the new version beside the old one and switches over, so requests keep being answered;
-    a failed load leaves the model as Triton then has it (reported). Needs explicit model control.
-    """
-    if not server.control.can_reload:
-        _say(f"SIGHUP: cannot reload, this server runs --model-control-mode={server.control.mode}")
-        return before
-    now = repository_fingerprints(server.settings.model_repository)
-    changed = sorted(name for name in now if before.get(name) != now[name])
-    gone = sorted(set(before) - set(now))
-    _say(f"SIGHUP: reloading {', '.join(changed + gone) or 'nothing (no model folder changed)'}")
-    with watchdog.paused():
-        for name in changed:
-            started = time.monotonic()
-            try:
-                server.repository.load_model(name)
-            except GeBackendError as exc:
-                reason = failure_reason(server.settings.model_repository, {"name": name, "reason": str(exc)})
-                _say(f"reload: model '{name}' failed: {reason}")
-                continue
-            verb = "reloaded" if name in before else "loaded"
-            _say(f"reload: model '{name}' {verb} in {time.monotonic() - started:.1f}s")
-        for name in gone:
-            try:
-                server.repository.unload_model(name)
-                _say(f"reload: model '{name}' is gone from the repository; unloaded")
-            except GeBackendError as exc:
-                _say(f"reload: model '{name}' could not be unloaded: {exc}")
-    return now
-
-
 def _say(message: str) -> None:
     print(f"gebackend: {message}", flush=True)
 
 
-def _start_watchdog(server: TritonServer, args: argparse.Namespace) -> Watchdog:
-    """Self-healing, or (when off or impossible) a watchdog that only reports dead stubs."""
-    why_not = ""
-    if args.no_self_healing:
-        why_not = "--no-self-healing"
-    elif not server.control.can_reload:
-        why_not = f"self-healing needs --model-control-mode=explicit, this server runs '{server.control.mode}'"
-        _say(f"self-healing is off: {why_not}")
-    watchdog = Watchdog(server.process.pid, server.repository, _say, interval=args.watch_interval, heal=not why_not,
-                        why_not=why_not, control_dir=server.control_dir)
-    server.watch_lines(watchdog.notice_line)  # a model loading: look for its new stubs at once
-    return watchdog.start()
+def _complain(message: str) -> None:
+    print(f"gebackend: {message}", file=sys.stderr)
 
 
 def _report_shutdown(result: Shutdown, exit_timeout: int) -> int:
@@ -269,17 +128,6 @@ def _report_shutdown(result: Shutdown, exit_timeout: int) -> int:
         return 0
     _say(f"stopped (tritonserver exit code {result.code})")
     return result.code if result.code > 0 else 1
-
-
-def failure_reason(repository: Path, entry: dict) -> str:
-    """Why a model did not load: Triton's reason, except for a config.pbtxt it could not read, where Triton says
-    nothing (or only "failed to read text proto"): then the file, line, column and the parser's complaint."""
-    reason = load_failure_reason({"reason": entry.get("reason")})
-    if entry.get("name") and (not reason or "text proto" in reason or "failed to poll" in reason):
-        parsed = config_parse_error(Path(repository) / str(entry["name"]))
-        if parsed:
-            return parsed
-    return reason or f"tritonserver gave no reason (state {entry.get('state') or 'UNKNOWN'}; see its log above)"
 
 
 def _where(address: str) -> str:

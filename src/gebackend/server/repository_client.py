@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
+from gebackend.config.pbtxt import config_parse_error
 from gebackend.errors import GeBackendError
 
 if TYPE_CHECKING:
@@ -233,3 +234,14 @@ def format_model_table(index: Sequence[dict]) -> list[str]:
         reason = f" - {load_failure_reason(entry)}" if entry.get("reason") and state != "READY" else ""
         lines.append(f"  {entry.get('name')}{version}: {state}{reason}")
     return lines
+
+
+def failure_reason(repository: Path, entry: dict) -> str:
+    """Why a model did not load: Triton's reason, except for a config.pbtxt it could not read, where Triton says
+    nothing (or only "failed to read text proto"): then the file, line, column and the parser's complaint."""
+    reason = load_failure_reason({"reason": entry.get("reason")})
+    if entry.get("name") and (not reason or "text proto" in reason or "failed to poll" in reason):
+        parsed = config_parse_error(Path(repository) / str(entry["name"]))
+        if parsed:
+            return parsed
+    return reason or f"tritonserver gave no reason (state {entry.get('state') or 'UNKNOWN'}; see its log above)"
