@@ -57,3 +57,17 @@ def test_each_engine_says_how_it_lowers_precision():
 def test_an_unknown_engine_is_named_with_the_known_ones():
     with pytest.raises(ValueError, match=r"unknown engine 'tensorrt': expected one of onnxruntime, openvino"):
         registry.kind("tensorrt")
+
+
+def test_the_registry_says_the_default_the_spellings_and_what_auto_prefers(monkeypatch):
+    from gebackend.engines import registry
+
+    assert registry.DEFAULT in registry.names() and registry.ALIASES == {"ort": "onnxruntime"}
+    assert registry.spellings() == {**{n: n for n in registry.names()}, "ort": "onnxruntime", "auto": "auto"}
+    assert registry.kind("ort") is registry.kind("onnxruntime")
+    assert registry.kind("onnxruntime").onnxruntime_providers and not registry.kind("openvino").onnxruntime_providers
+    monkeypatch.setattr(registry, "installed", lambda name: True)
+    assert [registry.auto(p) for p in ("origin", "int8", "bf16", "fp16")] == ["onnxruntime", "onnxruntime", "openvino", "openvino"]
+    monkeypatch.setattr(registry, "installed", lambda name: name != "openvino")  # OpenVINO absent: the default
+    assert registry.auto("bf16") == registry.DEFAULT
+    assert registry.CPU_ACCELERATORS == {"openvino": "openvino"}

@@ -31,6 +31,7 @@ from typing import Sequence
 from gebackend.bench.models import BenchModel
 from gebackend.config import dtypes
 from gebackend.config.onnx_signature import Signature, read_signature
+from gebackend.engines import registry as engine_registry
 
 BUCKETS = (1, 2, 4, 8)
 
@@ -48,7 +49,7 @@ class Scenario:
     instances: int = 1
     cores_per_instance: int = 0
     intra_op_threads: int = 0
-    engine: str = "onnxruntime"
+    engine: str = engine_registry.DEFAULT
     precision: str = "origin"
     requires: tuple[str, ...] = ()  # features: "openvino", "precision", "int8", "pinning"
     notes: str = ""
@@ -184,7 +185,7 @@ def parameters(model: BenchModel, scenario: Scenario) -> dict[str, str]:
         params["intra_op_thread_count"] = str(scenario.intra_op_threads)
     if scenario.cores_per_instance:
         params["cores_per_instance"] = str(scenario.cores_per_instance)
-    if scenario.engine != "onnxruntime":
+    if scenario.engine != engine_registry.DEFAULT:
         params["engine"] = scenario.engine
     if scenario.precision != "origin":
         params["precision_mode"] = scenario.precision

@@ -12,6 +12,7 @@ import onnx
 from gebackend.engines.cpu import describe as cpu_describe
 from gebackend.engines.cpu import precision_run
 from gebackend.engines.registry import kind
+from gebackend.engines.registry import DEFAULT as DEFAULT_ENGINE
 from gebackend.engines.registry import names as engine_names
 from gebackend.errors import ConfigError, GeBackendError
 
@@ -48,8 +49,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("--precision", choices=["int8", "fp16", "bf16"],
                    help="lower MODEL to this precision and report how far its outputs move from fp32 on a seeded "
                         "random input (the same check the server logs at load)")
-    p.add_argument("--engine", choices=list(engine_names()), default="onnxruntime",
-                   help="the engine that runs the lowered model for --precision (default: onnxruntime)")
+    p.add_argument("--engine", choices=list(engine_names()), default=DEFAULT_ENGINE,
+                   help=f"the engine that runs the lowered model for --precision (default: {DEFAULT_ENGINE})")
     p.set_defaults(func=run)
 
 

@@ -65,11 +65,11 @@ def _count(model: onnx.ModelProto, op_types: tuple[str, ...], weighted: bool = F
                if node.op_type in op_types and (not weighted or any(i in constants for i in node.input)))
 
 
-def check_supported(mode: str, engine: str = "onnxruntime") -> None:
-    """Refuse a precision this engine cannot run, before any work is done."""
+def check_supported(mode: str) -> None:
+    """Refuse a precision this lowering cannot make, before any work is done."""
     if mode not in PRECISIONS:
         raise ModelLoadError(f"precision_mode={mode!r}: expected one of {', '.join(PRECISIONS)}")
-    if mode == "bf16" and engine == "onnxruntime":
+    if mode == "bf16":
         raise ModelLoadError(_BF16_REFUSAL)
 
 

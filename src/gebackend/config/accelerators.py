@@ -21,9 +21,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any, Callable, Mapping
 
+from gebackend.engines import registry
 from gebackend.errors import ConfigError
 
-CPU_ACCELERATORS = ("openvino",)
+CPU_ACCELERATORS = tuple(registry.CPU_ACCELERATORS)
 GPU_ACCELERATORS = ("tensorrt", "cuda")
 
 

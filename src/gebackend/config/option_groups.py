@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from gebackend.config.accelerators import Accelerators
+from gebackend.engines import registry
 
 
 @dataclass(frozen=True)
@@ -50,7 +51,7 @@ class StaticGraphOptions:
 class EngineChoice:
     """Which engine runs a model, at what precision, where (engines/, engines/providers/, compile/precision.py)."""
 
-    engine: str = "onnxruntime"  # "onnxruntime" | "openvino" | "auto" (what is installed and fastest here)
+    engine: str = registry.DEFAULT  # a name in engines/registry.py, or "auto" (what is installed and fastest here)
     precision_mode: str = "origin"  # "origin" (exact, as given) | "fp16" | "bf16" | "int8"
     # engine=onnxruntime: the execution provider; "auto": from instance_group kind and gpu_execution_accelerator
     # (engines/providers/: cpu, cuda, tensorrt, cann). CANN has no Triton instance kind, so it is asked for by name

@@ -31,6 +31,7 @@ from gebackend.config.accelerators import parse_accelerators
 from gebackend.config.ge_keys import ALIASES, PRECISION_V1, is_ge_family
 from gebackend.config.option_groups import BackendOptions
 from gebackend.control import env
+from gebackend.engines import registry as engine_registry
 from gebackend.errors import ConfigError
 
 ENV_VAR = env.BACKEND_CONFIG  # the server-wide options the CLI passes (control/env.py)
@@ -164,7 +165,7 @@ _KEYS: dict[str, tuple[str, Callable[[str], Any]]] = {
                                         "on": "true", "dynamic": "dynamic"})),
     "profiling_dir": ("profiling_dir", str.strip),
     "dump_graph": ("dump_graph", _bool),
-    "engine": ("engine", _choice({"onnxruntime": "onnxruntime", "ort": "onnxruntime", "openvino": "openvino", "auto": "auto"})),
+    "engine": ("engine", _choice(engine_registry.spellings())),
     "precision_mode": ("precision_mode", _choice(_PRECISIONS)),
     "session.ge.exec.precision_mode_v2": ("precision_mode", _choice(_PRECISIONS)),
     "cores_per_instance": ("cores_per_instance", _non_negative_int),
@@ -275,8 +276,8 @@ def _config_sections(model_name: str, model_config: Mapping[str, Any], values: d
     if accelerators:
         values["accelerators"] = accelerators
         sources["accelerators"] = "optimization.execution_accelerators"
-    if "openvino" in accelerators.cpu:
-        values["engine"] = "openvino"
+    if accelerators.cpu:  # the peer's cpu_execution_accelerator: the engine that runs it
+        values["engine"] = engine_registry.CPU_ACCELERATORS[accelerators.cpu[0]]
         sources["engine"] = "optimization.execution_accelerators"
 
 

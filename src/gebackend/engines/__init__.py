@@ -7,6 +7,7 @@ from typing import Sequence
 
 from gebackend.engines.base import Engine
 from gebackend.engines.providers import Selection, default_providers, select_providers
+from gebackend.engines import registry
 from gebackend.engines.registry import kind
 
 
@@ -18,20 +19,9 @@ def providers_for(instance_kind: str = "CPU", device_id: int = 0) -> list:
 
 
 def engine_name(choice) -> str:
-    """The engine that runs a model's options (their `engines` group, config/option_groups.EngineChoice).
-
-    `auto` follows what was measured on x86 CPUs: OpenVINO for bf16/fp16 (ONNX Runtime's CPU provider
-    has no bf16 path, and OpenVINO's is 2.3-5.9x faster than its f32 on ResNet-style models), ONNX
-    Runtime for exact fp32 and int8 (OpenVINO f32 is slower than ONNX Runtime on small models and only
-    1.1-1.5x faster on large ones) and whenever OpenVINO is not installed.
-    """
-    if choice.engine != "auto":
-        return choice.engine
-    import importlib.util
-
-    if choice.precision_mode in ("bf16", "fp16") and importlib.util.find_spec("openvino") is not None:
-        return "openvino"
-    return "onnxruntime"
+    """The engine that runs a model's options (their `engines` group, config/option_groups.EngineChoice);
+    `auto`: what `registry.auto` prefers for the precision on what is installed."""
+    return registry.auto(choice.precision_mode) if choice.engine == "auto" else choice.engine
 
 
 def create_engine(spec, providers: Sequence = ("CPUExecutionProvider",)) -> Engine:

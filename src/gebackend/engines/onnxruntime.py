@@ -185,4 +185,4 @@ def precision_run(mode: str) -> PrecisionRun:
 
 
 KIND = EngineKind("onnxruntime", dynamic=OrtEngine, static=_static_engine, lowers_in_engine=False,
-                  precision_run=precision_run)
+                  precision_run=precision_run, onnxruntime_providers=True)

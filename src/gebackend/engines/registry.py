@@ -1,8 +1,10 @@
 """The engines by name: what builds a model's dynamic engine and its static engine, and how each runs a precision.
 
 Each engine module declares one `KIND = EngineKind(...)`; this table names the modules, which are imported
-only when their engine is asked for (OpenVINO may not be installed). Adding an engine is one module and one
-line in `_MODULES`. Everything that used to ask "is it OpenVINO?" asks its `EngineKind` instead.
+only when their engine is asked for (OpenVINO may not be installed), and the package each needs. Adding an
+engine is one module and one line in `_MODULES`. Everything that used to ask "is it OpenVINO?" asks its
+`EngineKind` instead, and the engine names appear only here and in their own modules: the default engine, the
+other spellings users write, and what `engine=auto` prefers for a precision are said here too.
 """
 
 from __future__ import annotations
@@ -17,10 +19,20 @@ if TYPE_CHECKING:
     from gebackend.engines.base import Engine
     from gebackend.engines.cpu import PrecisionRun
 
-_MODULES = {
-    "onnxruntime": "gebackend.engines.onnxruntime",
-    "openvino": "gebackend.engines.openvino",
+_MODULES = {  # name -> (its module, the package it needs)
+    "onnxruntime": ("gebackend.engines.onnxruntime", "onnxruntime"),
+    "openvino": ("gebackend.engines.openvino", "openvino"),
 }
+DEFAULT = "onnxruntime"  # engine= unset
+# config.pbtxt `optimization { execution_accelerators { cpu_execution_accelerator [ { name } ] } }`, the names Triton's
+# onnxruntime backend takes there -> the engine that runs them (config/accelerators.py checks the names)
+CPU_ACCELERATORS = {"openvino": "openvino"}
+ALIASES = {"ort": "onnxruntime"}  # other spellings of an engine's name
+# engine=auto, as measured on x86 CPUs: OpenVINO for bf16/fp16 (ONNX Runtime's CPU provider has no bf16 path, and
+# OpenVINO's is 2.3-5.9x faster than its f32 on ResNet-style models); the default for exact fp32 and int8
+# (OpenVINO f32 is slower than ONNX Runtime on small models and only 1.1-1.5x faster on large ones) and whenever
+# the preferred engine is not installed.
+_AUTO = (("openvino", ("bf16", "fp16")),)
 
 
 @dataclass(frozen=True)
@@ -35,6 +47,9 @@ class EngineKind:
     lowers_in_engine: bool
     # precision_mode -> what it runs at on this CPU (engines/cpu.py asks here)
     precision_run: Callable[[str], "PrecisionRun"]
+    # it runs ONNX Runtime sessions, which take execution providers (engines/providers/); else it runs on the CPU
+    # provider list and places itself (OpenVINO's `device` option)
+    onnxruntime_providers: bool = False
 
 
 def names() -> tuple[str, ...]:
@@ -44,7 +59,27 @@ def names() -> tuple[str, ...]:
 def kind(name: str) -> EngineKind:
     """The engine registered as `name`; `ImportError` when its package is not installed."""
     try:
-        module = _MODULES[name]
+        module, _ = _MODULES[ALIASES.get(name, name)]
     except KeyError:
         raise ValueError(f"unknown engine {name!r}: expected one of {', '.join(_MODULES)}") from None
     return importlib.import_module(module).KIND
+
+
+def installed(name: str) -> bool:
+    """Whether the package the engine needs is installed (without importing it)."""
+    import importlib.util
+
+    return importlib.util.find_spec(_MODULES[ALIASES.get(name, name)][1]) is not None
+
+
+def auto(precision_mode: str) -> str:
+    """The engine `engine=auto` runs a precision_mode on: the preferred one where installed, else the default."""
+    for name, precisions in _AUTO:
+        if precision_mode in precisions and installed(name):
+            return name
+    return DEFAULT
+
+
+def spellings() -> dict[str, str]:
+    """What `engine=` accepts -> the engine: every name, its other spellings, and auto."""
+    return {**{name: name for name in _MODULES}, **ALIASES, "auto": "auto"}

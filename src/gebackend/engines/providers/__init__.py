@@ -149,10 +149,10 @@ def _instance_kind(instance_kind: str) -> str:
 
 def _choose(choice, instance_kind: str) -> tuple[ProviderKind, str]:
     """The provider an instance asks for and why (for the messages); `choice`: the options' `engines` group."""
-    from gebackend.engines import engine_name
+    from gebackend.engines import engine_name, registry
 
     engine = engine_name(choice)
-    if engine != "onnxruntime":
+    if not registry.kind(engine).onnxruntime_providers:
         return kind("cpu"), f"engine={engine}"
     if choice.execution_provider != "auto":
         return kind(choice.execution_provider), f"execution_provider={choice.execution_provider}"
