@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import re
 import shutil
 import signal
@@ -33,6 +32,8 @@ from pathlib import Path
 import numpy as np
 import psutil
 import tritonclient.http as httpclient
+
+from gebackend.engines import cpu
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples" / "model_repository"
@@ -201,14 +202,6 @@ def wait_quiet(limit: float, threshold: float = 0.8) -> float:
     return os.getloadavg()[0]
 
 
-def cpu_model() -> str:
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
-        return re.search(r"Model name:\s*(.+)", out).group(1).strip()
-    except (OSError, AttributeError, subprocess.TimeoutExpired):
-        return platform.processor()
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=8.0, help="each throughput loop (bounded)")
@@ -220,7 +213,7 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     quiet = wait_quiet(args.wait_quiet)
     cores = len(os.sched_getaffinity(0))
-    facts: dict = {"cpu": cpu_model(), "cores": cores, "load_average_start": os.getloadavg(), "load_when_started": quiet}
+    facts: dict = {"cpu": cpu.describe(), "cores": cores, "load_average_start": os.getloadavg(), "load_when_started": quiet}
     work = Path(tempfile.mkdtemp(prefix="deploy-facts-"))
     try:
         # 1 + 2: load and memory, every example and its heavier variants on one server

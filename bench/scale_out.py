@@ -26,7 +26,6 @@ import asyncio
 import itertools
 import json
 import os
-import re
 import shutil
 import signal
 import socket
@@ -37,6 +36,9 @@ import time
 from pathlib import Path
 
 import numpy as np
+from deploy_facts import wait_quiet  # this folder: run as `python bench/scale_out.py`
+
+from gebackend.engines import cpu
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples" / "model_repository"
@@ -264,20 +266,6 @@ def _percentiles(latencies: list[float]) -> dict:
 
 
 # -- the run ------------------------------------------------------------------------------------------------------
-def wait_quiet(limit: float, threshold: float = 0.8) -> float:
-    """Wait (at most `limit` s) until the 1-minute load average is below `threshold`; returns the load then."""
-    deadline = time.monotonic() + limit
-    while os.getloadavg()[0] >= threshold and time.monotonic() < deadline:
-        time.sleep(5)
-    return os.getloadavg()[0]
-
-
-def cpu_model() -> str:
-    out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
-    match = re.search(r"Model name:\s*(.+)", out)
-    return match.group(1).strip() if match else "unknown"
-
-
 def plot(result: dict, path: Path) -> None:
     import matplotlib
 
@@ -352,7 +340,7 @@ def main() -> int:
     onnx.save(EXAMPLE_MODELS[args.model](), str(repo / args.model / "1" / "model.onnx"))
     body, headers = request_body(args.model, repo, args.batch, args.seq)
     kind = args.proxy_kind if args.proxy_kind != "auto" else ("haproxy" if shutil.which("haproxy") else "aiohttp")
-    result = {"cpu": cpu_model(), "cores": cores, "model": args.model, "batch": args.batch, "seq": args.seq, "proxy": kind,
+    result = {"cpu": cpu.describe(), "cores": cores, "model": args.model, "batch": args.batch, "seq": args.seq, "proxy": kind,
               "load_average_start": os.getloadavg(), "load_when_started": quiet, "runs": []}
     path = f"/v2/models/{args.model}/infer"
     try:
