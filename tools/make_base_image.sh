@@ -10,8 +10,29 @@
 set -euo pipefail
 
 RELEASE=${RELEASE:-$(. /etc/os-release && echo "${VERSION_CODENAME:?not a Debian release}")}
-MIRROR=${MIRROR:-http://deb.debian.org/debian}
-SECURITY_MIRROR=${SECURITY_MIRROR:-http://deb.debian.org/debian-security}
+# The Debian mirrors this machine's apt already uses (its deb822 .sources or sources.list), unless given
+apt_mirror() {  # $1: the suite, e.g. bookworm or bookworm-security
+    python3 - "$1" <<'PY'
+import glob, sys
+suite = sys.argv[1]
+for path in sorted(glob.glob("/etc/apt/sources.list.d/*.sources")):
+    for block in open(path).read().split("\n\n"):
+        fields = dict(line.split(":", 1) for line in block.splitlines() if ":" in line and not line.startswith("#"))
+        if suite in fields.get("Suites", "").split() and "deb" in fields.get("Types", "").split():
+            print(fields["URIs"].split()[0]); sys.exit(0)
+for path in ["/etc/apt/sources.list", *sorted(glob.glob("/etc/apt/sources.list.d/*.list"))]:
+    try:
+        lines = open(path).read().splitlines()
+    except OSError:
+        continue
+    for words in (line.split() for line in lines):
+        if len(words) >= 3 and words[0] == "deb" and words[2] == suite:
+            print(words[1]); sys.exit(0)
+sys.exit(1)
+PY
+}
+MIRROR=${MIRROR:-$(apt_mirror "$RELEASE")} || { echo "make_base_image: no apt source for $RELEASE here; set MIRROR" >&2; exit 3; }
+SECURITY_MIRROR=${SECURITY_MIRROR:-$(apt_mirror "$RELEASE-security" || echo "")}
 CACHE=${GE_BASE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gebackend/base}
 IMAGE=${BASE_IMAGE:-localhost/gebackend-base}
 MAX_AGE_DAYS=${MAX_AGE_DAYS:-7}
@@ -35,8 +56,8 @@ if [ -n "${FORCE:-}" ] || [ ! -s "$tarball" ] || [ -n "$(find "$tarball" -mtime 
     cat > "$work/rootfs/etc/apt/sources.list" <<LIST
 deb $MIRROR $RELEASE main
 deb $MIRROR $RELEASE-updates main
-deb $SECURITY_MIRROR $RELEASE-security main
 LIST
+    [ -z "$SECURITY_MIRROR" ] || echo "deb $SECURITY_MIRROR $RELEASE-security main" >> "$work/rootfs/etc/apt/sources.list"
     rm -rf "$work/rootfs/var/cache/apt/archives/"*.deb "$work/rootfs/var/lib/apt/lists/"* "$work/rootfs/debootstrap"
     tar -C "$work/rootfs" --numeric-owner --xattrs -cf "$tarball.part" .
     mv "$tarball.part" "$tarball"
