@@ -5,6 +5,10 @@ Results are plain dicts (they go to summary.json as they are):
               "rows": [PerfRow dict, ...] (served, by perf_analyzer), "ceiling": [PerfRow dict, ...] (in-process),
               "accuracy": {"cosine", "max_abs_diff"} | None, ...}
   model    = {"name", "description", "scenarios": [result, ...]}
+
+The peer (Triton's C++ onnxruntime backend, gebackend.bench.peer) is a result with "peer": true. Where one ran,
+every line gets `x_peer`: its throughput over the best peer scenario's at the same concurrency ("× onnxruntime
+backend"; None, shown "–", where no peer scenario measured that level, failed or did not run).
 """
 
 from __future__ import annotations
@@ -24,6 +28,37 @@ def _ratio(a: float | None, b: float | None) -> float | None:
     return a / b
 
 
+def is_peer(result: Mapping) -> bool:
+    return bool(result.get("peer", str(result.get("name", "")).startswith("peer")))
+
+
+def peer_reference(results: Iterable[Mapping], concurrency: int | None) -> Mapping | None:
+    """The best peer row at `concurrency`, as {"scenario", "throughput"}: the reference of the × column."""
+    best = None
+    for res in results:
+        if not is_peer(res) or res.get("status") != "ok" or concurrency is None:
+            continue
+        row = row_at(res.get("rows") or [], concurrency)
+        if row is not None and row.get("throughput") and (best is None or row["throughput"] > best["throughput"]):
+            best = {"scenario": res["name"], "throughput": row["throughput"]}
+    return best
+
+
+def peer_ratios(model: Mapping) -> dict:
+    """summary.json's `x_onnxruntime_backend`: per level, the reference peer and each scenario's throughput / its."""
+    results = model.get("scenarios") or []
+    levels = sorted({int(r["concurrency"]) for res in results for r in res.get("rows") or []})
+    out: dict = {"reference": {}, "ratios": {}}
+    for level in levels:
+        ref = peer_reference(results, level)
+        out["reference"][str(level)] = ref
+        for res in results:
+            row = row_at(res.get("rows") or [], level)
+            value = _ratio(row["throughput"], ref["throughput"]) if row is not None and ref else None
+            out["ratios"].setdefault(res["name"], {})[str(level)] = value
+    return out
+
+
 def headline_concurrency(results: Iterable[Mapping], wanted: int) -> int | None:
     """`wanted` if any scenario measured it, else the largest concurrency measured."""
     levels = sorted({int(r["concurrency"]) for res in results for r in res.get("rows") or []})
@@ -38,18 +73,22 @@ def summarize(model: Mapping, wanted: int = 4, baseline: str = "naive") -> list[
     level = headline_concurrency(results, wanted)
     base = next((r for r in results if r["name"] == baseline and r.get("status") == "ok"), None)
     base_row = row_at(base["rows"], level) if base and level is not None else None
+    peer_ref = peer_reference(results, level)
     lines = []
     for res in results:
         line = {"scenario": res["name"], "title": res.get("title", ""), "status": res.get("status", ""),
                 "reason": res.get("reason", ""), "notes": res.get("notes", ""), "concurrency": level,
                 "throughput": None, "p50_ms": None, "p99_ms": None, "x_naive": None,
                 "ceiling_throughput": None, "ceiling_p50_ms": None, "of_ceiling": None,
-                "saturation": None, "cosine": (res.get("accuracy") or {}).get("cosine")}
+                "saturation": None, "cosine": (res.get("accuracy") or {}).get("cosine"),
+                "x_peer": None, "peer_reference": peer_ref["scenario"] if peer_ref else None}
         row = row_at(res.get("rows") or [], level) if level is not None else None
         if row is not None:
             line.update(throughput=row["throughput"], p50_ms=row["p50_us"] / 1000, p99_ms=row["p99_us"] / 1000)
             if base_row is not None:
                 line["x_naive"] = _ratio(row["throughput"], base_row["throughput"])
+            if peer_ref is not None:
+                line["x_peer"] = _ratio(row["throughput"], peer_ref["throughput"])
         ceiling = row_at(res.get("ceiling") or [], level) if level is not None else None
         if ceiling is not None:
             line.update(ceiling_throughput=ceiling["throughput"], ceiling_p50_ms=ceiling["p50_us"] / 1000)
@@ -76,16 +115,24 @@ def markdown(summary: Mapping, wanted: int = 4) -> str:
     if meta:
         out += [f"- machine: {meta.get('machine', '?')}",
                 f"- mode: {'quick' if meta.get('quick') else 'full'}; perf_analyzer {meta.get('perf_settings', '')}; "
-                f"concurrency {meta.get('concurrency')}; wall time {meta.get('duration_s', 0):.0f} s", ""]
+                f"concurrency {meta.get('concurrency')}; wall time {meta.get('duration_s', 0):.0f} s"]
+        peer = meta.get("peer")
+        if peer:
+            out.append(f"- onnxruntime backend (the peer): {peer.get('folder')}" if peer.get("available")
+                       else f"- onnxruntime backend (the peer): not compared: {peer.get('reason', '')}")
+        out.append("")
     for model in summary.get("models", []):
         lines = summarize(model, wanted)
         level = lines[0]["concurrency"] if lines else None
         out += [f"## {model['name']}: {model.get('description', '')}", "",
                 f"At concurrency {level} (batch 1 per request). Throughput in inferences/s, latency in ms. "
                 "x naive: throughput / naive's. % ceiling: served / in-process ceiling (same engine and config, "
-                "no server). bs1 Δp50: served p50 − in-process p50 at concurrency 1.", "",
-                "| scenario | throughput | p50 | p99 | x naive | ceiling | % ceiling | bs1 Δp50 | cos vs fp32 | notes |",
-                "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+                "no server). bs1 Δp50: served p50 − in-process p50 at concurrency 1. × onnxruntime backend: "
+                "throughput / Triton's onnxruntime backend's at the same concurrency (its best scenario"
+                f"{', ' + lines[0]['peer_reference'] if lines and lines[0]['peer_reference'] else ''}; – where none ran).", "",
+                "| scenario | throughput | p50 | p99 | x naive | ceiling | % ceiling | bs1 Δp50 | cos vs fp32 "
+                "| × onnxruntime backend | notes |",
+                "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
         by_name = {r["name"]: r for r in model.get("scenarios", [])}
         for line in lines:
             res = by_name[line["scenario"]]
@@ -100,10 +147,12 @@ def markdown(summary: Mapping, wanted: int = 4) -> str:
                 f"| {line['scenario']} ({line['title']}) | {_fmt(line['throughput'], '.1f')} | {_fmt(line['p50_ms'], '.2f')} "
                 f"| {_fmt(line['p99_ms'], '.2f')} | {_fmt(line['x_naive'], '.2f', 'x')} "
                 f"| {_fmt(line['ceiling_throughput'], '.1f')} | {_fmt(None if line['of_ceiling'] is None else line['of_ceiling'] * 100, '.0f', '%')} "
-                f"| {_fmt(delta, '+.2f')} | {_fmt(line['cosine'], '.6f')} | {notes} |")
+                f"| {_fmt(delta, '+.2f')} | {_fmt(line['cosine'], '.6f')} | {_fmt(line['x_peer'], '.2f', 'x')} | {notes} |")
         out += ["", "All concurrency levels (served; ceiling in brackets):", "",
-                "| scenario | concurrency | throughput | p50 ms | p90 ms | p99 ms | server queue ms | compute ms |",
-                "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+                "| scenario | concurrency | throughput | p50 ms | p90 ms | p99 ms | server queue ms | compute ms "
+                "| × onnxruntime backend |",
+                "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+        ratios = peer_ratios(model)["ratios"]
         for res in model.get("scenarios", []):
             for row in res.get("rows") or []:
                 ceil = row_at(res.get("ceiling") or [], row["concurrency"])
@@ -111,7 +160,8 @@ def markdown(summary: Mapping, wanted: int = 4) -> str:
                 compute = (row.get("server_compute_input_us", 0) + row.get("server_compute_infer_us", 0)
                            + row.get("server_compute_output_us", 0)) / 1000
                 out.append(f"| {res['name']} | {row['concurrency']} | {row['throughput']:.1f}{extra} | {row['p50_us'] / 1000:.2f} "
-                           f"| {row['p90_us'] / 1000:.2f} | {row['p99_us'] / 1000:.2f} | {row.get('server_queue_us', 0) / 1000:.2f} | {compute:.2f} |")
+                           f"| {row['p90_us'] / 1000:.2f} | {row['p99_us'] / 1000:.2f} | {row.get('server_queue_us', 0) / 1000:.2f} | {compute:.2f} "
+                           f"| {_fmt(ratios.get(res['name'], {}).get(str(int(row['concurrency']))), '.2f', 'x')} |")
         out += ensemble_markdown(model)
         out.append("")
     return "\n".join(out)
@@ -202,7 +252,11 @@ def plot(summary: Mapping, out_dir: Path, wanted: int = 4) -> list[Path]:
         for i, res in enumerate(measured):
             color = f"C{i % 10}"
             rows = res["rows"]
-            ax.plot([r["concurrency"] for r in rows], [r["throughput"] for r in rows], "o-", color=color, label=res["name"])
+            peers = [r["name"] for r in measured if is_peer(r)]
+            style = (dict(color=("black", "dimgray", "gray")[peers.index(res["name"]) % 3], linewidth=2.2, marker="s")
+                     if is_peer(res) else dict(color=color, marker="o"))
+            ax.plot([r["concurrency"] for r in rows], [r["throughput"] for r in rows], "-", **style,
+                    label=res["name"] + (" (onnxruntime backend)" if is_peer(res) else ""))
             if res.get("ceiling"):
                 ceil = res["ceiling"]
                 ax.plot([r["concurrency"] for r in ceil], [r["throughput"] for r in ceil], "x--", color=color, alpha=0.6,

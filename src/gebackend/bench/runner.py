@@ -6,6 +6,10 @@ Layout of a run folder:
   <model>_<scenario>.csv            perf_analyzer's CSV (one row per concurrency)
   repos/<model>/<scenario>/...      the generated model repository (config.pbtxt, 1/model.onnx link)
   logs/<model>_<scenario>.serve.log the server's output; perf/<model>_<scenario>/ perf_analyzer's own logs
+
+Where Triton's onnxruntime backend is found (gebackend.bench.peer: --peer-backend-dir, $GE_PEER_BACKEND_DIR or
+/opt/tritonserver/backends), its scenarios run after the others of each model, in the same run, and every
+scenario's throughput is reported over the peer's at the same concurrency (summary.json: `x_onnxruntime_backend`).
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Callable, Sequence
 
-from gebackend.bench import ensemble_runner, inprocess, perf_analyzer, report, scenarios, server
+from gebackend.bench import ensemble_runner, inprocess, peer, perf_analyzer, report, scenarios, server
 from gebackend.bench.models import DEFAULT_CACHE, BenchModel, models as known_models
 from gebackend.engines import cpu
 
@@ -46,6 +50,8 @@ class BenchSettings:
     quick: bool = False
     startup_timeout: float = 600.0
     rounds: int = 3  # `NAME+ensemble` scenarios: interleaved rounds of bare encoder vs ensemble, medians reported
+    peer_backend_dir: Path | None = None  # Triton's onnxruntime backend (None: $GE_PEER_BACKEND_DIR, NGC's folder)
+    with_peer: bool | None = None  # add the peer scenarios: None where the peer is found, True always, False never
 
     @classmethod
     def quick_preset(cls, **overrides) -> "BenchSettings":
@@ -77,10 +83,22 @@ class Bench:
         self.dir = Path(settings.out) / self.started.strftime("%Y%m%d-%H%M%S")
         self.summary: dict = {"meta": {}, "models": []}
         self.binary: Path | None = None
+        self.peer: peer.Peer | None = None
+        self.peer_reason: str | None = None
+
+    def chosen(self) -> list[scenarios.Scenario]:
+        """The scenarios named, and the peer's (not named twice) where with_peer says so and the peer is found."""
+        s = self.settings
+        chosen = scenarios.select(s.scenarios)
+        add = s.with_peer if s.with_peer is not None else self.peer is not None
+        if add:
+            chosen += [sc for name, sc in scenarios.PEERS.items() if name not in {c.name for c in chosen}]
+        return chosen
 
     def run(self) -> Path:
         s = self.settings
         self.binary = perf_analyzer.find_perf_analyzer()
+        self.peer, self.peer_reason = peer.lookup(s.peer_backend_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         (self.dir / "logs").mkdir(exist_ok=True)
         t0 = time.monotonic()
@@ -89,13 +107,13 @@ class Bench:
             "concurrency": list(s.concurrency), "headline_concurrency": s.headline,
             "perf_settings": f"-i {s.perf.protocol} -p {s.perf.measurement_interval_ms} -s {s.perf.stability_percentage} -r {s.perf.max_trials}",
             "perf_analyzer": str(self.binary), "ceiling_seconds": s.ceiling_seconds if s.ceiling else None,
-            "loadavg_start": _loadavg(), "cpu": cpu.describe(),
+            "loadavg_start": _loadavg(), "cpu": cpu.describe(), "peer": peer.describe(self.peer, self.peer_reason),
         }
         if any(sc.ensemble for sc in scenarios.select(s.scenarios)):
             self.summary["meta"]["ensemble_rounds"] = s.rounds
         self.log(f"bench: writing to {self.dir}")
         catalogue = known_models(s.cache)
-        chosen = scenarios.select(s.scenarios)
+        chosen = self.chosen()
         for name in s.models:
             if name not in catalogue:
                 raise ValueError(f"unknown model {name!r}; known: {', '.join(catalogue)}")
@@ -113,6 +131,8 @@ class Bench:
         return self.dir
 
     def _save(self) -> None:
+        for model in self.summary["models"]:
+            model["x_onnxruntime_backend"] = report.peer_ratios(model)
         (self.dir / "summary.json").write_text(json.dumps(self.summary, indent=1, default=str))
         (self.dir / "summary.md").write_text(report.markdown(self.summary, self.settings.headline))
 
@@ -140,10 +160,12 @@ class Bench:
 
     def _run_scenario(self, model: BenchModel, path: Path, scenario: scenarios.Scenario, input_data: Path, feeds) -> dict:
         s = self.settings
-        scenario, missing = scenarios.availability(scenario)
+        scenario, missing = scenarios.availability(scenario, s.peer_backend_dir)
+        if scenario.is_peer and self.peer is None:
+            missing = f"not available: {self.peer_reason}"
         result = {"name": scenario.name, "title": scenario.title, "status": "ok", "reason": "", "notes": scenario.notes,
                   "scenario": asdict(scenario), "rows": [], "ceiling": [], "accuracy": None,
-                  "loadavg": _loadavg()}
+                  "loadavg": _loadavg(), "peer": scenario.is_peer}
         tag = f"{model.name}_{scenario.name}"
         if missing:
             result.update(status="not available", reason=missing.removeprefix("not available: "))
@@ -159,10 +181,14 @@ class Bench:
             return ensemble_runner.run(self, model, path, scenario, result, tag)
         repo = scenarios.write_repository(self.dir / "repos" / model.name / scenario.name, model, scenario, path)
         result["config"] = (repo / model.name / "config.pbtxt").read_text()
+        if scenario.is_peer and self.peer is not None:
+            result["notes"] = "; ".join(filter(None, [result["notes"], f"backend from {self.peer.folder}",
+                                                      *self.peer.warnings]))
         started = time.monotonic()
         self.log(f"bench: {tag}: serving ({scenario.title})")
         try:
-            srv = server.start(repo, self.dir / "logs" / f"{tag}.serve.log", timeout=s.startup_timeout)
+            srv = server.start(repo, self.dir / "logs" / f"{tag}.serve.log", timeout=s.startup_timeout,
+                               extra_backends=self.peer.extra_backends if scenario.is_peer and self.peer else None)
         except server.ServeError as exc:
             result.update(status="failed", reason=str(exc).splitlines()[0] + " (see logs)")
             self.log(f"bench: {tag}: {exc}")

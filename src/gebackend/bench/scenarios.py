@@ -12,6 +12,11 @@ Side scenarios: ge_openvino (ge_batching on the OpenVINO engine, fp32), ge_delay
 2 ms max_queue_delay: the low-concurrency batching-delay trap of docs/tuning.md), and ge_dyn_batching /
 ge_dyn_pinned (the batching and pinned rungs on the dynamic graph).
 
+The peer (gebackend.bench.peer; only where Triton's C++ onnxruntime backend is installed, nothing of it is shipped):
+  peer           the same model and ONNX file on Triton's onnxruntime backend: 1 instance, no dynamic batching
+  peer_batching  the same with ge_dyn_batching's dynamic batching (preferred 2/4/8, 100 us delay)
+Every scenario's throughput is reported over the peer's at the same concurrency (report.peer_ratios).
+
 Any ge scenario followed by `+ensemble` (e.g. `ge_bf16+ensemble`) serves a CN_CLIP encoder model as that
 scenario inside its CN_CLIP ensemble (bytes or text -> preprocessing -> encoder -> L2 norm) and measures the
 ensemble next to the bare encoder in the same server (gebackend.bench.ensemble and ensemble_runner).
@@ -34,13 +39,14 @@ from gebackend.config.onnx_signature import Signature, read_signature
 from gebackend.engines import registry as engine_registry
 
 BUCKETS = (1, 2, 4, 8)
+PEER_BACKEND = "onnxruntime"  # gebackend.bench.peer.BACKEND (not imported: this module stays import-light)
 
 
 @dataclass(frozen=True)
 class Scenario:
     name: str
     title: str
-    backend: str = "ge"  # "ge" or "python" (the naive baseline)
+    backend: str = "ge"  # "ge", "python" (the naive baseline) or "onnxruntime" (the peer: Triton's C++ backend)
     static: bool = False
     buckets: tuple[int, ...] = ()
     dynamic_batching: bool = True  # ge: Triton's dynamic batcher (the backend switches it on by default too)
@@ -51,13 +57,17 @@ class Scenario:
     intra_op_threads: int = 0
     engine: str = engine_registry.DEFAULT
     precision: str = "origin"
-    requires: tuple[str, ...] = ()  # features: "openvino", "precision", "int8", "pinning"
+    requires: tuple[str, ...] = ()  # features: "openvino", "precision", "int8", "pinning", "peer"
     notes: str = ""
     ensemble: bool = False  # served as the encoder of the model's CN_CLIP ensemble (`NAME+ensemble`)
 
     @property
     def is_ge(self) -> bool:
-        return self.backend != "python"
+        return self.backend not in ("python", PEER_BACKEND)
+
+    @property
+    def is_peer(self) -> bool:
+        return self.backend == PEER_BACKEND
 
 
 def _ladder() -> list[Scenario]:
@@ -85,8 +95,22 @@ def _ladder() -> list[Scenario]:
     return [naive, dynamic, static, batching, pinned, bf16, int8, openvino, delay, dyn_batching, dyn_pinned]
 
 
-SCENARIOS: dict[str, Scenario] = {s.name: s for s in _ladder()}
+def _peers(batching: Scenario) -> list[Scenario]:
+    """The peer, Triton's C++ onnxruntime backend, configured as the comparable rungs are (same model and ONNX file)."""
+    peer = Scenario("peer", "Triton's onnxruntime backend (C++), 1 instance, no dynamic batching", backend=PEER_BACKEND,
+                    dynamic_batching=False, requires=("peer",))
+    peer_batching = replace(peer, name="peer_batching", dynamic_batching=True,
+                            title="Triton's onnxruntime backend + dynamic batching (preferred 2/4/8, 100 us delay)",
+                            preferred_batch_sizes=batching.preferred_batch_sizes,
+                            max_queue_delay_us=batching.max_queue_delay_us)
+    return [peer, peer_batching]
+
+
+SCENARIOS: dict[str, Scenario] = {s.name: s for s in _ladder()}  # ours (ge and the naive baseline)
+# The peer's scenarios, apart from ours: they run only where the peer is found (gebackend.bench.peer).
+PEERS: dict[str, Scenario] = {s.name: s for s in _peers(SCENARIOS["ge_dyn_batching"])}
 LADDER = ("naive", "ge_dynamic", "ge_static", "ge_batching", "ge_pinned", "ge_bf16", "ge_int8")
+PEER_SCENARIOS = tuple(PEERS)  # run beside the ladder by default where the peer is found
 
 
 # ----------------------------------------------------------------------------------------- features
@@ -105,8 +129,8 @@ def _source_mentions(text: str, folders: Sequence[str] = ("engines", "compile", 
     return False
 
 
-def feature_missing(feature: str) -> str | None:
-    """Why `feature` is not available here, or None when it is."""
+def feature_missing(feature: str, peer_dir: Path | None = None) -> str | None:
+    """Why `feature` is not available here, or None when it is (`peer_dir`: --peer-backend-dir, for "peer")."""
     if feature == "openvino":
         if importlib.util.find_spec("openvino") is None:
             return "the openvino package is not installed"
@@ -127,13 +151,17 @@ def feature_missing(feature: str) -> str | None:
         if importlib.util.find_spec("gebackend.runtime.pinning") is None:
             return "gebackend.runtime.pinning is not there yet"
         return None
+    if feature == "peer":
+        from gebackend.bench import peer
+
+        return peer.missing(peer_dir)
     return f"unknown feature {feature!r}"
 
 
-def availability(scenario: Scenario) -> tuple[Scenario, str | None]:
+def availability(scenario: Scenario, peer_dir: Path | None = None) -> tuple[Scenario, str | None]:
     """The scenario to run (pinning falls back to unpinned instances) and why it cannot run, if it cannot."""
     for feature in scenario.requires:
-        reason = feature_missing(feature)
+        reason = feature_missing(feature, peer_dir) if feature == "peer" else feature_missing(feature)
         if reason is None:
             continue
         if feature == "pinning":
@@ -173,7 +201,14 @@ def bucket_parameters(model: BenchModel, buckets: Sequence[int]) -> dict[str, st
     return {"graph.ge.inputShape": shape, "graph.ge.dynamicDims": dims}
 
 
+def peer_parameters(scenario: Scenario) -> dict[str, str]:
+    """The onnxruntime backend's own parameters (its names, not ours); none by default: ONNX Runtime's defaults."""
+    return {"intra_op_thread_count": str(scenario.intra_op_threads)} if scenario.intra_op_threads else {}
+
+
 def parameters(model: BenchModel, scenario: Scenario) -> dict[str, str]:
+    if scenario.is_peer:
+        return peer_parameters(scenario)
     if not scenario.is_ge:
         return {}
     params: dict[str, str] = {}
@@ -209,7 +244,7 @@ def config_text(model: BenchModel, scenario: Scenario, signature: Signature) -> 
     lines.append(",\n".join(f'  {{ name: "{n}", data_type: {t}, dims: {_dims_text(d)} }}' for n, t, d in _output_dims(signature)))
     lines.append("]")
     lines.append(f"instance_group [ {{ kind: KIND_CPU, count: {scenario.instances} }} ]")
-    if scenario.dynamic_batching and scenario.is_ge:
+    if scenario.dynamic_batching and scenario.backend != "python":
         body = []
         if scenario.preferred_batch_sizes:
             body.append(f"  preferred_batch_size: [ {', '.join(str(b) for b in scenario.preferred_batch_sizes)} ]")
@@ -255,20 +290,22 @@ def as_ensemble(scenario: Scenario) -> Scenario:
 
 def select(names: Sequence[str]) -> list[Scenario]:
     """The scenarios named; `NAME+ensemble` is ge scenario NAME as the encoder of the model's CN_CLIP ensemble."""
+    known = {**SCENARIOS, **PEERS}
     chosen, unknown = [], []
     for name in names:
         base = name.removesuffix(ENSEMBLE_SUFFIX)
-        if base not in SCENARIOS:
+        if base not in known:
             unknown.append(name)
-        elif base != name and not SCENARIOS[base].is_ge:
+        elif base != name and not known[base].is_ge:
             raise ValueError(f"{name}: only ge scenarios can be the encoder of an ensemble ({base} is not one)")
         else:
-            chosen.append(as_ensemble(SCENARIOS[base]) if base != name else SCENARIOS[base])
+            chosen.append(as_ensemble(known[base]) if base != name else known[base])
     if unknown:
-        raise ValueError(f"unknown scenario(s) {', '.join(unknown)}; known: {', '.join(SCENARIOS)} "
+        raise ValueError(f"unknown scenario(s) {', '.join(unknown)}; known: {', '.join(known)} "
                          f"(each ge one also as NAME{ENSEMBLE_SUFFIX})")
     return chosen
 
 
-__all__ = ["BUCKETS", "ENSEMBLE_SUFFIX", "LADDER", "SCENARIOS", "Scenario", "as_ensemble", "availability", "config_text",
-           "feature_missing", "parameters", "select", "write_repository"]
+__all__ = ["BUCKETS", "ENSEMBLE_SUFFIX", "LADDER", "PEERS", "PEER_BACKEND", "PEER_SCENARIOS", "SCENARIOS", "Scenario",
+           "as_ensemble", "availability", "config_text", "feature_missing", "parameters", "peer_parameters", "select",
+           "write_repository"]

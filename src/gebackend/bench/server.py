@@ -11,7 +11,9 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Mapping, Sequence
+
+from gebackend.server.layout import extra_backends_env
 
 GEBACKEND = [sys.executable, "-m", "gebackend.cli.main"]
 _FAILED = re.compile(r"gebackend: model '([^']+)' failed to load: (.*)")
@@ -64,8 +66,12 @@ class BenchServer:
             return self.process.wait(timeout=30)
 
 
-def start(repo: Path, log_path: Path, cli_args: Sequence[str] = (), timeout: float = 600) -> BenchServer:
-    """Start `gebackend serve REPO` and wait for "gebackend: ready" (raises ServeError with the log tail)."""
+def start(repo: Path, log_path: Path, cli_args: Sequence[str] = (), timeout: float = 600,
+          extra_backends: Mapping[str, Path] | None = None) -> BenchServer:
+    """Start `gebackend serve REPO` and wait for "gebackend: ready" (raises ServeError with the log tail).
+
+    `extra_backends` (backend name -> folder, e.g. the peer's onnxruntime backend) are laid out beside ours in the
+    server's backends folder ($GE_EXTRA_BACKENDS, gebackend.server.layout)."""
     ports = [free_port() for _ in range(3)]
     cmd = GEBACKEND + [
         "serve", str(repo),
@@ -74,7 +80,7 @@ def start(repo: Path, log_path: Path, cli_args: Sequence[str] = (), timeout: flo
     ]
     log = open(log_path, "w")
     process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                               env=dict(os.environ, PYTHONUNBUFFERED="1"))
+                               env=dict(os.environ, PYTHONUNBUFFERED="1", **extra_backends_env(extra_backends or {})))
     log.close()
     server = BenchServer(process, log_path, *ports, started=time.monotonic())
     deadline = time.monotonic() + timeout + 30

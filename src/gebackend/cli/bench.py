@@ -54,6 +54,12 @@ def add_parser(subparsers) -> None:
     p.add_argument("--soak", type=float, metavar="MINUTES",
                    help="instead of the ladder: hold saturating load on a static and a bucketed model for MINUTES "
                         "and record failed requests and every process's RSS (exit 1 if the target is missed)")
+    p.add_argument("--peer-backend-dir", type=Path, metavar="DIR",
+                   help="a Triton backends folder holding onnxruntime/libtriton_onnxruntime.so (or that onnxruntime "
+                        "folder), e.g. NGC's /opt/tritonserver/backends or a build of Triton's onnxruntime_backend, "
+                        "release r24.10 to match tritonserver 2.51: the same model also runs on it (scenarios peer, "
+                        "peer_batching) and every row gets a '× onnxruntime backend' column. Default: "
+                        "$GE_PEER_BACKEND_DIR, then /opt/tritonserver/backends, used when found (nothing of it is shipped)")
     p.add_argument("--list", action="store_true", help="list models and scenarios (and what is not available) and exit")
     p.set_defaults(func=run)
 
@@ -65,16 +71,25 @@ def _interrupt(*_):
 def run(args: argparse.Namespace, extra: list[str]) -> int:
     from dataclasses import replace
 
-    from gebackend.bench import perf_analyzer, scenarios
+    from gebackend.bench import peer, perf_analyzer, scenarios
     from gebackend.bench.models import models
     from gebackend.bench.runner import Bench, BenchSettings
+
+    if args.peer_backend_dir is not None and not args.list:
+        reason = peer.missing(args.peer_backend_dir)
+        if reason:
+            print(f"gebackend bench: {reason}", file=sys.stderr)
+            return 2
 
     if args.list:
         for model in models(args.cache).values():
             print(f"model    {model.name:14s} {model.description}{' [full size]' if model.full_size else ''}")
-        for scenario in scenarios.SCENARIOS.values():
-            _, missing = scenarios.availability(scenario)
+        for scenario in [*scenarios.SCENARIOS.values(), *scenarios.PEERS.values()]:
+            _, missing = scenarios.availability(scenario, args.peer_backend_dir)
             print(f"scenario {scenario.name:14s} {scenario.title}{'  -- ' + missing if missing else ''}")
+        found, _ = peer.lookup(args.peer_backend_dir)
+        for warning in found.warnings if found else ():
+            print(f"peer     {warning}")
         print(f"scenario NAME{scenarios.ENSEMBLE_SUFFIX:10s} any ge scenario as the encoder of a cnclip_* model's CN_CLIP "
               "ensemble (preprocessing -> encoder -> L2 norm), measured next to the bare encoder")
         return 0
@@ -89,8 +104,11 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
     if args.rounds is not None and args.rounds < 1:
         print("gebackend bench: --rounds needs a number >= 1", file=sys.stderr)
         return 2
+    # The peer's scenarios: always with --peer-backend-dir; without, where found, unless --scenarios names the set.
+    with_peer = True if args.peer_backend_dir is not None else (False if args.scenarios else None)
     overrides = dict(models=args.models, scenarios=args.scenarios, concurrency=args.concurrency, headline=args.headline,
-                     ceiling_seconds=args.ceiling_seconds, ceiling_for=args.ceiling_for, rounds=args.rounds)
+                     ceiling_seconds=args.ceiling_seconds, ceiling_for=args.ceiling_for, rounds=args.rounds,
+                     peer_backend_dir=args.peer_backend_dir, with_peer=with_peer)
     settings = replace(base, perf=perf, out=args.out, cache=args.cache, ceiling=not args.no_ceiling,
                        **{k: v for k, v in overrides.items() if v is not None})
     signal.signal(signal.SIGTERM, _interrupt)  # stop the scenario's server and write the partial summary

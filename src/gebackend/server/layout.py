@@ -10,12 +10,24 @@ Facts this layout is built on (tritonserver 2.51 from nvidia-pytriton 0.7.0):
 - the stub binary must be a *symlink* to the wheel's copy: a copied stub cannot find the libraries
   the wheel ships next to it (its RPATH is relative) and the server then hangs;
 - a Python-based backend is a folder named after the backend holding `model.py`.
+
+Other backends (the bench's peer, Triton's C++ onnxruntime backend, gebackend.bench.peer) can be laid out
+beside ours: `extra_backends` maps a backend name to a folder (or `$GE_EXTRA_BACKENDS` does, NAME=FOLDER entries
+separated by `os.pathsep`, which is how `gebackend bench` reaches the `gebackend serve` it starts). Each is
+*copied* (hard links where the file system allows, else copies), never linked as a folder: tritonserver
+refuses a backend library whose real path escapes the backends directory, as it does a symlinked
+`libtriton_python.so`. Symlinks inside the folder that stay inside it (libonnxruntime.so -> libonnxruntime.so.1)
+are kept as they are. A backend built against a stock Triton links `libtritonserver.so`, which the wheel ships
+renamed (auditwheel: `libtritonserver-<hash>.so`, its SONAME too): the copy gets a `libtritonserver.so` symlink to
+the wheel's file, so the loader, searching the backend's `$ORIGIN`, maps the library tritonserver already runs.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
+from typing import Mapping
 
 from gebackend.server.distribution import TritonDistribution
 
@@ -30,8 +42,51 @@ ADAPTERS = {
 }
 
 
-def lay_out_backends(triton: TritonDistribution, target: Path) -> Path:
-    """Create `<target>/backends` and return it."""
+EXTRA_BACKENDS_ENV = "GE_EXTRA_BACKENDS"
+
+
+def extra_backends_from_env(environ: Mapping[str, str] = os.environ) -> dict[str, Path]:
+    """`$GE_EXTRA_BACKENDS` (NAME=FOLDER entries separated by os.pathsep) as lay_out_backends takes it."""
+    out = {}
+    for entry in environ.get(EXTRA_BACKENDS_ENV, "").split(os.pathsep):
+        name, sep, folder = entry.partition("=")
+        if sep and name.strip() and folder.strip():
+            out[name.strip()] = Path(folder.strip())
+    return out
+
+
+def extra_backends_env(extra: Mapping[str, Path]) -> dict[str, str]:
+    """The environment entry that makes a `gebackend serve` lay out `extra` (empty when there is nothing)."""
+    return {EXTRA_BACKENDS_ENV: os.pathsep.join(f"{n}={Path(f).resolve()}" for n, f in extra.items())} if extra else {}
+
+
+def _link_or_copy(source: str, target: str) -> str:
+    try:
+        os.link(source, target)
+    except OSError:  # another file system, or a file we may not hard-link (fs.protected_hardlinks)
+        shutil.copy2(source, target)
+    return target
+
+
+def copy_backend(source: Path, target: Path, triton: TritonDistribution | None = None) -> Path:
+    """Copy backend folder `source` to `target` (see the module's docstring for why a copy)."""
+    source = source.resolve()
+    shutil.copytree(source, target, symlinks=True, copy_function=_link_or_copy)
+    for link in [p for p in target.rglob("*") if p.is_symlink()]:
+        real = Path(os.path.realpath(source / link.relative_to(target)))
+        inside = real.is_relative_to(source)
+        if real.exists() and (not inside or link.name.startswith("libtriton_")):
+            link.unlink()  # a link out of the folder, or the backend library itself: a real file instead
+            _link_or_copy(str(real), str(link))
+    if triton is not None and not (target / "libtritonserver.so").exists():
+        server_lib = sorted(Path(triton.libs).glob("libtritonserver*.so*"))
+        if server_lib:
+            (target / "libtritonserver.so").symlink_to(server_lib[0].resolve())
+    return target
+
+
+def lay_out_backends(triton: TritonDistribution, target: Path, extra_backends: Mapping[str, Path] | None = None) -> Path:
+    """Create `<target>/backends` and return it; `extra_backends` (default: `$GE_EXTRA_BACKENDS`) are copied in."""
     backends = target / "backends"
     python = backends / "python"
     python.mkdir(parents=True, exist_ok=True)
@@ -41,4 +96,9 @@ def lay_out_backends(triton: TritonDistribution, target: Path) -> Path:
     for name, adapter in ADAPTERS.items():
         (backends / name).mkdir()
         shutil.copy2(adapter, backends / name / "model.py")
+    extra = extra_backends_from_env() if extra_backends is None else extra_backends
+    for name, folder in extra.items():
+        if name == "python" or name in ADAPTERS:
+            raise ValueError(f"extra backend {name!r} would replace one of ours")
+        copy_backend(Path(folder), backends / name, triton)
     return backends
