@@ -19,3 +19,8 @@ class ModelLoadError(GeBackendError):
 
 class InvalidRequest(GeBackendError):
     """A request the model cannot run: wrong input names, dtypes or shapes."""
+
+
+def named(model: str, message: str) -> str:
+    """`message` naming the model it is about: as it is when it already names it, else prefixed."""
+    return message if f"'{model}'" in message else f"model '{model}': {message}"

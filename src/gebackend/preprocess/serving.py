@@ -16,19 +16,12 @@ from typing import Any
 
 import numpy as np
 
-from gebackend.errors import ConfigError, InvalidRequest
+from gebackend.config.options import model_parameters
+from gebackend.errors import ConfigError, InvalidRequest, named
 from gebackend.preprocess.models import PreprocessKind
 
 DEFAULT_MAX_BATCH_SIZE = 8
 _SCHEDULERS = ("dynamic_batching", "sequence_batching", "ensemble_scheduling")
-
-
-def _parameters(config: dict) -> dict[str, str]:
-    return {k: (v or {}).get("string_value", "") for k, v in (config.get("parameters") or {}).items()}
-
-
-def _named(model: str, message: str) -> str:
-    return message if f"'{model}'" in message else f"model '{model}': {message}"
 
 
 def _dims(entry: dict) -> list[int] | None:
@@ -63,7 +56,7 @@ def auto_complete(kind: PreprocessKind, auto_complete_model_config: Any, pb_util
     config = auto_complete_model_config.as_dict()
     name = config["name"]
     try:
-        params, _ = kind.parse_parameters(name, _parameters(config))
+        params, _ = kind.parse_parameters(name, model_parameters(config))
         input_name, output_name = tensor_names(kind, name, config, params)
     except ConfigError as exc:
         raise ValueError(str(exc)) from None
@@ -97,14 +90,14 @@ class PreprocessModel:
         name = args["model_name"]
         started = time.perf_counter()
         try:
-            params, unknown = kind.parse_parameters(name, _parameters(config))
+            params, unknown = kind.parse_parameters(name, model_parameters(config))
             input_name, output_name = tensor_names(kind, name, config, params)
             if int(config.get("max_batch_size") or 0) < 1:
                 raise ConfigError(f"backend {kind.backend} batches: max_batch_size must be at least 1")
             model_dir = Path(args["model_repository"])
             preprocessor = kind.load(params, model_dir, model_dir / str(args["model_version"]))
         except ConfigError as exc:
-            raise RuntimeError(_named(name, str(exc))) from None
+            raise RuntimeError(named(name, str(exc))) from None
         if unknown:
             known = ", ".join(p.key for p in kind.parameters)
             log.log_warn(f"gebackend: model '{name}': unknown parameter(s) ignored: {', '.join(unknown)} "
@@ -126,7 +119,7 @@ class PreprocessModel:
                 responses[index] = self._error(str(exc), self._invalid)
                 continue
             except Exception as exc:  # a fault of ours, not the client's: 500 for this request alone
-                responses[index] = self._error(_named(self.name, f"preprocessing failed: {type(exc).__name__}: {exc}"),
+                responses[index] = self._error(named(self.name, f"preprocessing failed: {type(exc).__name__}: {exc}"),
                                                self._internal)
                 continue
             spans.append((index, len(prepared), len(items)))
@@ -134,7 +127,7 @@ class PreprocessModel:
         outputs = self._run_all(prepared, spans)
         for (index, _, _), output in zip(spans, outputs):
             if isinstance(output, BaseException):
-                responses[index] = self._error(_named(self.name, f"preprocessing failed: {type(output).__name__}: "
+                responses[index] = self._error(named(self.name, f"preprocessing failed: {type(output).__name__}: "
                                                                  f"{output}"), self._internal)
             else:
                 tensor = self.pb.Tensor(self.output_name, np.ascontiguousarray(output, dtype=self.kind.output_dtype))

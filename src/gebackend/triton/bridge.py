@@ -18,7 +18,7 @@ from gebackend.config.io_names import aliased_signature
 from gebackend.config.model_file import find_model_file, latest_version_dir, model_dir_in_repositories
 from gebackend.config.onnx_signature import read_signature
 from gebackend.config.spec import reconcile
-from gebackend.errors import GeBackendError, InvalidRequest
+from gebackend.errors import GeBackendError, InvalidRequest, named
 from gebackend.runtime.instance import InstanceInfo, ModelInstance, parsed_options
 from gebackend.triton.metrics import BackendMetrics
 
@@ -33,7 +33,7 @@ def auto_complete(auto_complete_model_config: Any, pb_utils: Any) -> Any:
         parsed = parsed_options(name, config)
         result = reconcile(name, config, aliased_signature(config, read_signature(path)), parsed.options.default_max_batch_size)
     except GeBackendError as exc:
-        raise ValueError(_named(name, str(exc))) from None
+        raise ValueError(named(name, str(exc))) from None
     declared = {e["name"]: e for e in (config.get("input") or []) + (config.get("output") or [])}
     for kind, tensor, add in [("input", t, auto_complete_model_config.add_input) for t in result.inputs] + [
         ("output", t, auto_complete_model_config.add_output) for t in result.outputs
@@ -53,10 +53,6 @@ def auto_complete(auto_complete_model_config: Any, pb_utils: Any) -> Any:
     if result.enable_dynamic_batching:
         auto_complete_model_config.set_dynamic_batching()
     return auto_complete_model_config
-
-
-def _named(model: str, message: str) -> str:
-    return message if f"'{model}'" in message else f"model '{model}': {message}"
 
 
 class _TritonLog:
@@ -87,7 +83,7 @@ class ServedModel:
             instance = ModelInstance.load(config, Path(args["model_repository"]) / str(args["model_version"]), info,
                                           _TritonLog(pb_utils.Logger))
         except GeBackendError as exc:
-            raise RuntimeError(_named(name, str(exc))) from None
+            raise RuntimeError(named(name, str(exc))) from None
         metrics = None
         if hasattr(pb_utils, "MetricFamily"):
             metrics = BackendMetrics(pb_utils, name, instance.executor.runner, instance.load_seconds).start()
