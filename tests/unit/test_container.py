@@ -20,7 +20,8 @@ from gebackend.modelzoo import build_bert, build_resnet
 from gebackend.server import container, log_format, shm
 from gebackend.server.container import check_temp_exec, preflight
 from gebackend.server.log_format import EventLines, apply_log_format
-from gebackend.server.shm import backend_config_values, check_shm, estimate_shm, python_backend_shm_settings
+from gebackend.server.repository_client import flag_values
+from gebackend.server.shm import check_shm, estimate_shm, python_backend_shm_settings
 
 MiB = 1024 * 1024
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "model_repository"
@@ -129,7 +130,7 @@ def test_python_backend_settings_come_from_backend_config(tmp_path: Path):
     assert python_backend_shm_settings([]) == (MiB, MiB)
     configs = ["python,shm-default-byte-size=4194304", "python,shm-growth-byte-size=2097152", "onnxruntime,x=1"]
     assert python_backend_shm_settings(configs) == (4 * MiB, 2 * MiB)
-    assert backend_config_values(["--backend-config=python,a=1", "--backend-config", "python,b=2", "--x"]) == [
+    assert flag_values(["--backend-config=python,a=1", "--backend-config", "python,b=2", "--x"], "--backend-config") == [
         "python,a=1", "python,b=2"]
     model(tmp_path, "m", 'backend: "ge"\nmax_batch_size: 1\n', ["batch", 4])
     assert estimate_shm(tmp_path, backend_configs=configs).floor == 4 * MiB

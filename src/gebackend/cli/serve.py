@@ -16,7 +16,6 @@ from gebackend.config.options import parse_backend_config_args
 from gebackend.errors import GeBackendError
 from gebackend.server.container import preflight
 from gebackend.server.log_format import LOG_FORMATS, apply_log_format, log_format_default
-from gebackend.server.shm import backend_config_values
 from gebackend.server.launcher import ServerSettings, Shutdown, TritonServer
 from gebackend.server.repository_client import failure_reason, flag_values, format_model_table
 from gebackend.server.supervisor import SignalFlag, Supervisor
@@ -77,7 +76,7 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
         exit_timeout=args.exit_timeout,
         allow_model_control=args.allow_model_control,
     )
-    if not preflight(settings.model_repository, ours, others + backend_config_values(extra),
+    if not preflight(settings.model_repository, ours, others + flag_values(extra, "--backend-config"),
                      lambda line: print(f"gebackend: cannot serve {settings.model_repository}: {line}", file=sys.stderr),
                      say_ok=_say, shm=not args.no_shm_check):
         return 1

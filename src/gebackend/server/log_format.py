@@ -17,6 +17,8 @@ import threading
 import time
 from typing import Callable, Mapping
 
+from gebackend.server.repository_client import flag_values
+
 LOG_FORMATS = ("default", "iso8601")
 LOG_FORMAT_ENV_VAR = "GE_LOG_FORMAT"
 
@@ -125,7 +127,7 @@ def apply_log_format(log_format: str, extra_args: list[str], install: bool = Tru
         sys.stderr = EventLines(sys.stderr, "E")
         for stream in (sys.stdout, sys.stderr):
             atexit.register(stream.close_pending)
-    if any(a == "--log-format" or a.startswith("--log-format=") for a in extra_args):
+    if flag_values(extra_args, "--log-format"):
         return extra_args
     return [*extra_args, "--log-format=ISO8601"]
 

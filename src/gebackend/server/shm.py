@@ -30,14 +30,15 @@ import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Mapping, Sequence
+from typing import Callable, Iterable, Mapping
+
+from gebackend.server.layout import ADAPTERS
 
 MiB = 1024 * 1024
 # tritonserver 2.51's Python backend defaults (the stub's command line: "... 1048576 1048576 ...")
 SHM_DEFAULT_BYTES = 1 * MiB
 SHM_GROWTH_BYTES = 1 * MiB
 FRAGMENTATION = 3  # measured 2.9x: requests of mixed sizes leave the pool fragmented
-PYTHON_BASED_BACKENDS = ("ge", "npu_ge", "python")
 STATVFS = os.statvfs  # tests replace it
 
 
@@ -126,17 +127,6 @@ def python_backend_shm_settings(backend_configs: Iterable[str]) -> tuple[int, in
     return default, max(1, growth)
 
 
-def backend_config_values(extra_args: Sequence[str]) -> list[str]:
-    """The values of `--backend-config` in tritonserver's own arguments (`--backend-config=V` or `--backend-config V`)."""
-    values = []
-    for i, arg in enumerate(extra_args):
-        if arg.startswith("--backend-config="):
-            values.append(arg.split("=", 1)[1])
-        elif arg == "--backend-config" and i + 1 < len(extra_args):
-            values.append(extra_args[i + 1])
-    return values
-
-
 def estimate_shm(repository: Path, global_options: Mapping[str, str] | None = None,
                  backend_configs: Iterable[str] = ()) -> ShmNeed:
     """What the Python-based models of `repository` need in /dev/shm (see the module's doc for the rule)."""
@@ -183,13 +173,7 @@ def _advice(size: int) -> str:
 
 def python_based_backends() -> set[str]:
     """Backends whose instances are Python backend stubs: ours (every adapter the layout installs) and `python`."""
-    try:
-        from gebackend.server import layout
-
-        ours = set(getattr(layout, "ADAPTERS", {})) | set(layout.BACKEND_NAMES)
-    except ImportError:
-        ours = set()
-    return ours | set(PYTHON_BASED_BACKENDS)
+    return set(ADAPTERS) | {"python"}
 
 
 def _round_up(value: int, step: int) -> int:
