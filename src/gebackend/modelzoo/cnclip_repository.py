@@ -21,8 +21,6 @@ The config.pbtxt files are committed; this writes what they need and git ignores
 from __future__ import annotations
 
 import argparse
-import os
-import shutil
 import sys
 from pathlib import Path
 from typing import Callable
@@ -36,6 +34,8 @@ from .cnclip_standin import (
     build_l2_normalize,
     is_standin,
 )
+from gebackend.files import link_or_copy
+
 from .cnclip_wheel import DEFAULT_CACHE, copy_vocab
 
 ENCODERS = ("auto", "standin", "cnclip", "cnclip_l4")
@@ -73,22 +73,15 @@ def _existing(version: Path) -> Path | None:
     return files[0] if files else None
 
 
-def _link_or_copy(source: Path, target: Path) -> None:
-    try:
-        os.link(source, target)
-    except OSError:
-        shutil.copy2(source, target)
-
-
 def _install_real(folder: str, kind: str, version: Path, cache: Path, log: Callable[[str], None]) -> str:
     from gebackend.bench.models import models
 
     bench_name = _ENCODER_FOLDERS[folder][0] + ("_l4" if kind == "cnclip_l4" else "")
     source = models(cache)[bench_name].ensure(cache, log)
     _clear_onnx(version)
-    _link_or_copy(source, version / "model.onnx")
+    link_or_copy(source, version / "model.onnx")
     if (source.parent / "model.onnx.data").is_file():
-        _link_or_copy(source.parent / "model.onnx.data", version / "model.onnx.data")
+        link_or_copy(source.parent / "model.onnx.data", version / "model.onnx.data")
     return f"the real CN_CLIP encoder `{bench_name}` (cn_clip's model code, random weights) from {source}"
 
 
@@ -105,11 +98,11 @@ def _install_file(folder: str, source: Path, version: Path, log: Callable[[str],
     data_files = sorted({e.value for t in _tensors(model) for e in t.external_data if e.key == "location"})
     _clear_onnx(version)
     for name in data_files:
-        _link_or_copy(source.parent / name, version / name)
+        link_or_copy(source.parent / name, version / name)
     target = version / source.name
     dim0 = [t.type.tensor_type.shape.dim[0] for t in (inputs[input_name], outputs[output_name])]
     if all(d.HasField("dim_param") for d in dim0):
-        _link_or_copy(source, target)
+        link_or_copy(source, target)
         return f"{source} (variable batch dim)"
     for d in dim0:
         d.Clear()

@@ -29,6 +29,7 @@ import shutil
 from pathlib import Path
 from typing import Mapping
 
+from gebackend.files import link_or_copy
 from gebackend.server.distribution import TritonDistribution
 
 BACKEND_NAMES = ("ge", "npu_ge")  # the ONNX backends, both served by ADAPTER
@@ -60,24 +61,16 @@ def extra_backends_env(extra: Mapping[str, Path]) -> dict[str, str]:
     return {EXTRA_BACKENDS_ENV: os.pathsep.join(f"{n}={Path(f).resolve()}" for n, f in extra.items())} if extra else {}
 
 
-def _link_or_copy(source: str, target: str) -> str:
-    try:
-        os.link(source, target)
-    except OSError:  # another file system, or a file we may not hard-link (fs.protected_hardlinks)
-        shutil.copy2(source, target)
-    return target
-
-
 def copy_backend(source: Path, target: Path, triton: TritonDistribution | None = None) -> Path:
     """Copy backend folder `source` to `target` (see the module's docstring for why a copy)."""
     source = source.resolve()
-    shutil.copytree(source, target, symlinks=True, copy_function=_link_or_copy)
+    shutil.copytree(source, target, symlinks=True, copy_function=link_or_copy)
     for link in [p for p in target.rglob("*") if p.is_symlink()]:
         real = Path(os.path.realpath(source / link.relative_to(target)))
         inside = real.is_relative_to(source)
         if real.exists() and (not inside or link.name.startswith("libtriton_")):
             link.unlink()  # a link out of the folder, or the backend library itself: a real file instead
-            _link_or_copy(str(real), str(link))
+            link_or_copy(str(real), str(link))
     if triton is not None and not (target / "libtritonserver.so").exists():
         server_lib = sorted(Path(triton.libs).glob("libtritonserver*.so*"))
         if server_lib:
