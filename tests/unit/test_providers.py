@@ -18,7 +18,7 @@ import pytest
 from gebackend.config.onnx_signature import signature_of
 from gebackend.config.options import parse_options
 from gebackend.config.spec import build_model_spec
-from gebackend.engines import create_engine, create_static_engine, providers_for, select_providers
+from gebackend.engines import create_engine, create_static_engine, select_providers
 from gebackend.engines.providers import Selection, as_selection, kind, names
 from gebackend.engines.providers import tensorrt as trt_module
 from gebackend.errors import ModelLoadError
@@ -140,12 +140,6 @@ def test_engine_openvino_needs_no_onnxruntime_provider(model_file):
 def test_an_openvino_device_on_onnxruntime_is_said(model_file):
     chosen = select_providers(spec_of(model_file, {"device": "GPU"}), "CPU", 0, available=CPU_ONLY)
     assert list(chosen) == [CPU] and "device=GPU is the OpenVINO engine's option" in chosen.note
-
-
-def test_providers_for_keeps_its_old_answers():
-    assert providers_for("CPU") == [CPU]
-    gpu = providers_for("GPU", 3)
-    assert gpu == ([(CUDA, {"device_id": "3"}), CPU] if CUDA in ort.get_available_providers() else [CPU])
 
 
 def test_a_plain_list_is_a_selection_too():

@@ -35,7 +35,7 @@ from typing import Callable
 import numpy as np
 import onnx
 
-from gebackend.modelzoo.cnclip_wheel import CN_CLIP_VERSION, cn_clip_source  # noqa: F401 (CN_CLIP_VERSION: re-exported)
+from gebackend.modelzoo.cnclip_wheel import cn_clip_source
 
 OPSET = 14
 DEFAULT_CACHE = Path("bench/models")

@@ -6,16 +6,9 @@ from __future__ import annotations
 from typing import Sequence
 
 from gebackend.engines.base import Engine
-from gebackend.engines.providers import Selection, default_providers, select_providers
+from gebackend.engines.providers import Selection, select_providers
 from gebackend.engines import registry
 from gebackend.engines.registry import kind
-
-
-def providers_for(instance_kind: str = "CPU", device_id: int = 0) -> list:
-    """ONNX Runtime execution providers for a Triton instance without a model spec: CUDA for KIND_GPU where
-    installed, else CPU. Instances of a model get theirs from `select_providers(spec, kind, device_id)`, which also
-    reads the model's accelerators and options and refuses a provider that is missing (engines/providers/)."""
-    return list(default_providers(instance_kind, device_id))
 
 
 def engine_name(choice) -> str:
@@ -34,5 +27,4 @@ def create_static_engine(spec, graphs: Sequence, providers: Sequence = ("CPUExec
     return kind(engine_name(spec.options.engines)).static(graphs, spec.options, providers, spec.path, temp_parent)
 
 
-__all__ = ["Engine", "Selection", "create_engine", "create_static_engine", "engine_name", "providers_for",
-           "select_providers"]
+__all__ = ["Engine", "Selection", "create_engine", "create_static_engine", "engine_name", "select_providers"]

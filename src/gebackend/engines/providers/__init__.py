@@ -211,22 +211,6 @@ def select_providers(spec, instance_kind: str = "CPU", device_id: int = 0, avail
     return Selection(provider, provider.entries(target), target, "; ".join(notes))
 
 
-def default_providers(instance_kind: str = "CPU", device_id: int = 0, available: Sequence[str] | None = None) -> Selection:
-    """The providers for a Triton instance without a model spec: CUDA for KIND_GPU where this onnxruntime has it,
-    else the CPU (no accelerator parameters, no error): what `engines.providers_for` always returned."""
-    from gebackend.config.options import BackendOptions
-
-    if available is None:
-        import onnxruntime as ort
-
-        available = ort.get_available_providers()
-    cuda = next(k for k in map(kind, _MODULES) if "GPU" in k.default_for)
-    use_gpu = _instance_kind(instance_kind) == "GPU" and all(n in available for n in cuda.ort_names)
-    provider = cuda if use_gpu else kind("cpu")
-    target = Target("", None, BackendOptions(), int(device_id))
-    return Selection(provider, provider.entries(target), target)
-
-
 def run_options_config(config: Mapping[str, str]):
     """An onnxruntime.RunOptions carrying these config entries (None when there are none)."""
     if not config:
@@ -239,5 +223,5 @@ def run_options_config(config: Mapping[str, str]):
     return run
 
 
-__all__ = ["ProviderKind", "Selection", "Target", "as_selection", "default_providers", "kind", "names",
+__all__ = ["ProviderKind", "Selection", "Target", "as_selection", "kind", "names",
            "select_providers"]
