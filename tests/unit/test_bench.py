@@ -224,3 +224,46 @@ def test_a_two_instance_ceiling_runs_one_pinned_process_per_instance(tmp_path):
     assert row.concurrency == 2 and row.throughput > 100 and row.p50_us > 0
     assert one.throughput > 100
     assert ceiling.last_latencies_us.size == one.throughput * 1.0
+
+
+def test_serving_a_scenario_marks_what_failed_and_stops_the_server(tmp_path, monkeypatch):
+    import time
+
+    from gebackend.bench import runner, server
+
+    class Fake:
+        def __init__(self, failures):
+            self.started, self._failures, self.stopped = time.monotonic() - 2.0, failures, False
+
+        def failures(self):
+            return self._failures
+
+        def stop(self):
+            self.stopped = True
+
+    bench = runner.Bench(runner.BenchSettings(out=tmp_path), log=lambda m: None)
+    served = []
+
+    def start(repo, log_path, timeout=600, extra_backends=None):
+        served.append(Fake(next(failures)))
+        return served[-1]
+
+    monkeypatch.setattr(server, "start", start)
+    failures = iter([{}, {"other": "x"}, {"m": "bad file"}, {"e": "boom", "pre": "no vocab", "other": "x"}])
+    ok = {}
+    assert bench.serve(tmp_path, "t", ok, ["m"]) is served[0] and not served[0].stopped
+    assert ok["startup_s"] >= 2.0 and "status" not in ok
+    assert bench.serve(tmp_path, "t", {}, ["m"]) is served[1]  # another model failing is not this scenario's
+    one, many = {}, {}
+    assert bench.serve(tmp_path, "t", one, ["m"]) is None and served[2].stopped
+    assert (one["status"], one["reason"]) == ("failed", "model failed to load: bad file")
+    assert bench.serve(tmp_path, "t", many, ["e", "pre", "enc"]) is None and served[3].stopped
+    assert many["reason"] == "model e failed to load: boom; model pre failed to load: no vocab"
+
+    def refuses(*args, **kwargs):
+        raise server.ServeError("gebackend serve exited with 1:\nthe tail")
+
+    monkeypatch.setattr(server, "start", refuses)
+    broken = {}
+    assert bench.serve(tmp_path, "t", broken, ["m"]) is None
+    assert (broken["status"], broken["reason"]) == ("failed", "gebackend serve exited with 1: (see logs)")

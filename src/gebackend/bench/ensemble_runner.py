@@ -16,13 +16,12 @@ in-process ceiling for these scenarios: the bare encoder on the same server is t
 from __future__ import annotations
 
 import statistics
-import time
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from gebackend.bench import ensemble, perf_analyzer, server, triton_stats
+from gebackend.bench import ensemble, perf_analyzer, triton_stats
 
 TARGETS = ("bare", "ensemble")
 
@@ -118,19 +117,10 @@ def run(bench, model, path: Path, scenario, result: dict, tag: str) -> dict:
             "inputs": data.description, "rounds": s.rounds, "runs": [], "stats": {}, "of_bare": {}}
     result.update(ensemble=info, bare_rows=[])
     bench.log(f"bench: {tag}: serving the {p.ensemble} ensemble, encoder as {scenario.name.removesuffix('+ensemble')}")
-    try:
-        srv = server.start(root, bench.dir / "logs" / f"{tag}.serve.log", timeout=s.startup_timeout)
-    except server.ServeError as exc:
-        result.update(status="failed", reason=str(exc).splitlines()[0] + " (see logs)")
-        bench.log(f"bench: {tag}: {exc}")
+    srv = bench.serve(root, tag, result, list(p.models))
+    if srv is None:
         return result
     try:
-        result["startup_s"] = round(time.monotonic() - srv.started, 1)
-        failed = {m: why for m, why in srv.failures().items() if m in p.models}
-        if failed:
-            result.update(status="failed", reason="; ".join(f"model {m} failed to load: {why}" for m, why in failed.items()))
-            bench.log(f"bench: {tag}: {result['reason']}")
-            return result
         info["agreement"] = agreement(srv.http_url, p, data)
         bench.log(f"bench: {tag}: ensemble vs bare encoder on one input: cosine {info['agreement']['cosine']:.6f}")
         _rounds(bench, srv, p, inputs, info, result, tag)

@@ -158,6 +158,29 @@ class Bench:
             entry["scenarios"].append(result)
             self._save()
 
+    def serve(self, repo: Path, tag: str, result: dict, models: Sequence[str], extra_backends=None):
+        """`gebackend serve` on `repo` for one scenario, its start-up time in `result`; None, with `result` marked
+        failed and the server stopped, when it did not start or one of `models` did not load."""
+        try:
+            srv = server.start(repo, self.dir / "logs" / f"{tag}.serve.log", timeout=self.settings.startup_timeout,
+                               extra_backends=extra_backends)
+        except server.ServeError as exc:
+            result.update(status="failed", reason=str(exc).splitlines()[0] + " (see logs)")
+            self.log(f"bench: {tag}: {exc}")
+            return None
+        result["startup_s"] = round(time.monotonic() - srv.started, 1)
+        failed = {m: why for m, why in srv.failures().items() if m in models}
+        if not failed:
+            return srv
+        srv.stop()
+        if len(models) == 1:
+            reason = f"model failed to load: {failed[models[0]]}"
+        else:
+            reason = "; ".join(f"model {m} failed to load: {why}" for m, why in failed.items())
+        result.update(status="failed", reason=reason)
+        self.log(f"bench: {tag}: {reason}")
+        return None
+
     def _run_scenario(self, model: BenchModel, path: Path, scenario: scenarios.Scenario, input_data: Path, feeds) -> dict:
         s = self.settings
         scenario, missing = scenarios.availability(scenario, s.peer_backend_dir)
@@ -184,22 +207,12 @@ class Bench:
         if scenario.is_peer and self.peer is not None:
             result["notes"] = "; ".join(filter(None, [result["notes"], f"backend from {self.peer.folder}",
                                                       *self.peer.warnings]))
-        started = time.monotonic()
         self.log(f"bench: {tag}: serving ({scenario.title})")
-        try:
-            srv = server.start(repo, self.dir / "logs" / f"{tag}.serve.log", timeout=s.startup_timeout,
-                               extra_backends=self.peer.extra_backends if scenario.is_peer and self.peer else None)
-        except server.ServeError as exc:
-            result.update(status="failed", reason=str(exc).splitlines()[0] + " (see logs)")
-            self.log(f"bench: {tag}: {exc}")
+        srv = self.serve(repo, tag, result, [model.name],
+                         extra_backends=self.peer.extra_backends if scenario.is_peer and self.peer else None)
+        if srv is None:
             return result
         try:
-            result["startup_s"] = round(time.monotonic() - started, 1)
-            failed = srv.failures().get(model.name)
-            if failed:
-                result.update(status="failed", reason=f"model failed to load: {failed}")
-                self.log(f"bench: {tag}: {result['reason']}")
-                return result
             work = self.dir / "perf" / tag
             work.mkdir(parents=True, exist_ok=True)
             perf = perf_analyzer.run(self.binary, model.name, srv.grpc_url, s.concurrency, work, s.perf,
