@@ -614,3 +614,16 @@ def test_repository_builder_installs_the_real_encoders_from_the_bench_export(tmp
     assert cnclip_repository.resolve_encoders("auto") == "cnclip"
     with pytest.raises(ValueError, match="--encoders must be one of"):
         cnclip_repository.resolve_encoders("huge")
+
+
+def test_every_preprocessing_kind_is_laid_out_as_a_backend_of_its_name_and_found_by_it():
+    from gebackend.preprocess.models import IMAGE, KINDS, TEXT
+    from gebackend.preprocess.serving import kind_for
+    from gebackend.server.layout import ADAPTERS
+
+    assert {name: ADAPTERS[name].name for name in KINDS} == {name: "preprocess_model.py" for name in KINDS}
+    assert ADAPTERS["cnclip_image_preprocess"].is_file()
+    assert kind_for({"backend": "cnclip_image_preprocess"}) is IMAGE and kind_for({"backend": "cnclip_text_preprocess"}) is TEXT
+    with pytest.raises(ValueError, match="model 'm': backend 'ge' is no preprocessing backend: expected one of "
+                                         "cnclip_image_preprocess, cnclip_text_preprocess"):
+        kind_for({"name": "m", "backend": "ge"})

@@ -2,6 +2,6 @@
 
 `models.py` says what each preprocessing backend is (its tensors, parameters, and the work per item),
 `vocab.py` where the text model finds its vocabulary, and `serving.py` speaks Triton's Python-backend API
-for both (auto-complete, per-request errors). The adapters Triton loads are `triton/cnclip_image_preprocess.py`
-and `triton/cnclip_text_preprocess.py`, laid out by `gebackend serve` as backends of those names.
+for both (auto-complete, per-request errors). The adapter Triton loads is `triton/preprocess_model.py`,
+laid out by `gebackend serve` as a backend of each kind's name.
 """

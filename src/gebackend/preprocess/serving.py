@@ -18,7 +18,7 @@ import numpy as np
 
 from gebackend.config.options import model_parameters
 from gebackend.errors import ConfigError, InvalidRequest, named
-from gebackend.preprocess.models import PreprocessKind
+from gebackend.preprocess.models import KINDS, PreprocessKind
 
 DEFAULT_MAX_BATCH_SIZE = 8
 _SCHEDULERS = ("dynamic_batching", "sequence_batching", "ensemble_scheduling")
@@ -27,6 +27,16 @@ _SCHEDULERS = ("dynamic_batching", "sequence_batching", "ensemble_scheduling")
 def _dims(entry: dict) -> list[int] | None:
     dims = entry.get("dims")
     return [int(d) for d in dims] if dims else None
+
+
+def kind_for(config: dict) -> PreprocessKind:
+    """The preprocessing a config's `backend` names (`models.KINDS`)."""
+    backend = config.get("backend", "")
+    try:
+        return KINDS[backend]
+    except KeyError:
+        raise ValueError(f"model '{config.get('name', '')}': backend {backend!r} is no preprocessing backend: expected "
+                         f"one of {', '.join(KINDS)}") from None
 
 
 def tensor_names(kind: PreprocessKind, model: str, config: dict, params: dict) -> tuple[str, str]:

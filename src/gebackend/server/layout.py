@@ -38,8 +38,8 @@ ADAPTER = _TRITON / "model.py"
 # backend name -> the adapter laid out as backends/<name>/model.py
 ADAPTERS = {
     **{name: ADAPTER for name in BACKEND_NAMES},
-    "cnclip_image_preprocess": _TRITON / "cnclip_image_preprocess.py",
-    "cnclip_text_preprocess": _TRITON / "cnclip_text_preprocess.py",
+    # gebackend.preprocess.models.KINDS (named here: importing them would load Pillow and tokenizers into the CLI)
+    **{name: _TRITON / "preprocess_model.py" for name in ("cnclip_image_preprocess", "cnclip_text_preprocess")},
 }
 
 
