@@ -289,15 +289,13 @@ def test_sigterm_stops_it_cleanly_within_the_grace_period(podman: Podman, tmp_pa
 
 
 def test_a_too_small_dev_shm_fails_at_start_in_the_container(podman: Podman):
-    started = time.monotonic()
     result = podman.run("run", "--rm", *podman.flags, "--network", "none", "--read-only", "--tmpfs", "/tmp",
                         "--user", "1000", "--cap-drop", "ALL", "--shm-size", "2m", IMAGE, timeout=120)
-    took = time.monotonic() - started
     output = result.stdout + result.stderr
     assert result.returncode == 1, output
     assert "/dev/shm has 2.0 MiB free of 2.0 MiB" in output and "needs at least 3.0 MiB" in output
     assert "--shm-size=" in output and "sizeLimit" in output
-    assert took < 60  # before tritonserver starts
+    assert "tritonserver" not in result.stdout and "serving " not in output  # refused before tritonserver started
 
 
 def test_serve_fails_at_start_when_dev_shm_is_too_small(tmp_path: Path, request):
@@ -317,10 +315,7 @@ def test_serve_fails_at_start_when_dev_shm_is_too_small(tmp_path: Path, request)
     probe = _run(["unshare", "-m", "--propagation", "private", "true"], 30)
     if probe.returncode != 0:
         _skip(request, f"unshare -m does not work here: {probe.stderr.strip()}")
-    started = time.monotonic()
     result = _run(["unshare", "-m", "--propagation", "private", "sh", "-c", script], 120)
-    took = time.monotonic() - started
     assert result.returncode == 1, result.stdout + result.stderr
     assert "/dev/shm has 1.0 MiB free of 1.0 MiB, but this model repository needs at least 2.0 MiB" in result.stderr
-    assert "tritonserver" not in result.stdout  # nothing started
-    assert took < 30
+    assert "tritonserver" not in result.stdout and "serving " not in result.stdout  # nothing started
