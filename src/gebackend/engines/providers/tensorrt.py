@@ -19,7 +19,7 @@ TensorRT cannot run, with config.pbtxt's cuda parameters), then the CPU. TensorR
   fingerprint is the model file's name, size and mtime (TensorRT keys its engines by the graph's names, not its
   weights, so a replaced file must not find the old engines). Each static bucket's engines sit in their own
   `bucket-<shapes>/` subfolder (the bucket graphs share their node names); the timing cache is shared. Where the
-  model folder is not writable: `$GE_CACHE_DIR/<model>/...`, else `$XDG_CACHE_HOME` (or `~/.cache`)
+  model folder is not writable, the other cache folders of gebackend/cache_dir.py: `$GE_CACHE_DIR/<model>/...`, else `$XDG_CACHE_HOME` (or `~/.cache`)
   `/gebackend/<model>/...`, else the system temp folder. A `trt_engine_cache_path` / `trt_timing_cache_path`
   parameter replaces the folder (buckets still get their subfolders). The server's own temp folder is not used:
   it is removed at shutdown, and a TensorRT engine takes minutes to build.
@@ -32,67 +32,30 @@ from __future__ import annotations
 
 import hashlib
 import os
-import tempfile
 from pathlib import Path
 
+from gebackend.cache_dir import candidates, first_writable, fingerprint
 from gebackend.config.accelerators import TensorRTAccelerator
 from gebackend.engines.providers.base import CPU, ProviderKind, Shapes, Target, shape_list
 from gebackend.engines.providers.cuda import cuda_entry
-from gebackend.errors import ModelLoadError
 
 ORT_NAME = "TensorrtExecutionProvider"
 INSTALL = ("pip uninstall -y onnxruntime && pip install onnxruntime-gpu tensorrt (TensorRT 10's libraries, "
            "libnvinfer, must be on LD_LIBRARY_PATH; onnxruntime-gpu also brings the CUDA provider TensorRT needs)")
-CACHE_ENV_VAR = "GE_CACHE_DIR"
-CACHE_FOLDER = ".gebackend-cache"
 
 # the backend's precision_mode -> TensorRT's flag (origin: none, TensorRT builds fp32 engines)
 _PRECISION_FLAGS = {"fp16": "trt_fp16_enable", "bf16": "trt_bf16_enable", "int8": "trt_int8_enable"}
 _PROFILE_KEYS = ("trt_profile_min_shapes", "trt_profile_opt_shapes", "trt_profile_max_shapes")
 
 
-def fingerprint(path: Path | None) -> str:
-    """12 hex digits naming this version of the model file (its name, size and mtime)."""
-    try:
-        stat = path.stat() if path is not None else None
-    except OSError:
-        stat = None
-    text = f"{path.name}:{stat.st_size}:{stat.st_mtime_ns}" if stat is not None else "no-model-file"
-    return hashlib.sha1(text.encode()).hexdigest()[:12]
-
-
-def _safe(name: str) -> str:
-    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name) or "model"
-
-
 def cache_candidates(target: Target, environ=os.environ) -> list[Path]:
     """Where the caches may go, in order of preference (see the module docstring)."""
-    leaf = f"tensorrt-{fingerprint(target.path)}"
-    found = []
-    if target.path is not None:
-        found.append(Path(target.path).parent / CACHE_FOLDER / leaf)
-    if environ.get(CACHE_ENV_VAR):
-        found.append(Path(environ[CACHE_ENV_VAR]) / _safe(target.model) / leaf)
-    home = environ.get("XDG_CACHE_HOME") or (str(Path.home() / ".cache") if environ.get("HOME") else "")
-    if home:
-        found.append(Path(home) / "gebackend" / _safe(target.model) / leaf)
-    found.append(Path(tempfile.gettempdir()) / "gebackend-cache" / _safe(target.model) / leaf)
-    return found
+    return candidates(target.path, target.model, f"tensorrt-{fingerprint(target.path)}", environ)
 
 
 def cache_dir(target: Target, environ=os.environ) -> Path:
     """The first writable cache folder (made if missing)."""
-    tried = []
-    for folder in cache_candidates(target, environ):
-        try:
-            folder.mkdir(parents=True, exist_ok=True)
-            if os.access(folder, os.W_OK | os.X_OK):
-                return folder
-        except OSError:
-            pass
-        tried.append(str(folder))
-    raise ModelLoadError(f"no writable folder for TensorRT's engine cache (tried {', '.join(tried)}): set "
-                         f"{CACHE_ENV_VAR} to one, or the trt_engine_cache_path parameter")
+    return first_writable(cache_candidates(target, environ), "TensorRT's engine cache", "the trt_engine_cache_path parameter")
 
 
 def bucket_folder(shapes: Shapes) -> str:
