@@ -1,0 +1,310 @@
+"""The Python backend's toll: where one request's time goes between Triton and the engine, layer by layer.
+
+One server, one run, every layer measured in the same interleaved rounds (concurrency 1, batch 1, gRPC):
+
+  null        a Python-backend model that returns precomputed outputs: Triton core + gRPC + the backend stub's
+              shared-memory round trip + pb_utils tensors, and no work (the transport floor of any Python model)
+  naive       the 30-line Python model (gebackend.bench.naive_model): a default onnxruntime session per request
+  ge_dynamic  backend "ge", defaults (dynamic graph, dynamic batching on)
+  ge_1thread  the same with intra_op_thread_count=1 (no intra-op thread pool)
+  ge_nospin   the same with allow_spinning=off (the pool's threads sleep between runs instead of spinning)
+  ge_static   backend "ge", static_model=1 with batch buckets 1/2/4/8
+
+For each: the client's p50 (tritonclient gRPC, one request at a time) and, from Triton's per-model statistics
+(gebackend.bench.triton_stats), the server's compute_infer per request (the Python backend's execute round trip as
+Triton times it). In the bench process, the same ge configs loaded as the backend loads them
+(runtime.instance.ModelInstance): the engine call alone, the runner (routing, padding), and the instance's
+execute (validation, grouping, heartbeat). The differences are the toll of each layer:
+
+  stub transport   null's compute_infer            (Triton -> stub -> Triton, pb_utils tensors)
+  ours (bridge)    ge compute_infer - null compute_infer - instance.execute
+  ours (instance)  instance.execute - engine
+
+Writes toll.json, toll.md and toll.png into --out and prints the table. Never asserted anywhere: read as ratios.
+
+    .venv/bin/python bench/toll.py [--models tiny,resnet_small] [--rounds 5] [--requests 300] [--out bench/results/toll]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from gebackend.bench import runner as bench_runner
+from gebackend.bench import server as bench_server
+from gebackend.bench import triton_stats
+from gebackend.config import dtypes
+from gebackend.config.onnx_signature import read_signature
+from gebackend.modelzoo import build_add_mul
+from gebackend.modelzoo.resnet import build_resnet
+
+NAIVE = Path(bench_runner.__file__).with_name("naive_model.py")
+
+GE_LAYERS = ("ge_dynamic", "ge_1thread", "ge_nospin", "ge_static")
+NULL_MODEL = '''
+import json
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        config = json.loads(args["model_config"])
+        self.outputs = {o["name"]: np.load(args["model_repository"] + "/1/" + o["name"] + ".npy") for o in config["output"]}
+
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(n, v) for n, v in self.outputs.items()])
+                for _ in requests]
+'''
+
+PARAMETER = 'parameters { key: "%s" value: { string_value: "%s" } }\n'
+STATIC = ('parameters { key: "static_model" value: { string_value: "1" } }\n'
+          'parameters { key: "graph.ge.inputShape" value: { string_value: "%s" } }\n'
+          'parameters { key: "graph.ge.dynamicDims" value: { string_value: "%s" } }\n')
+
+
+def _models(names: list[str]) -> dict[str, onnx.ModelProto]:
+    built = {"tiny": build_add_mul, "resnet_small": build_resnet}
+    return {name: built[name]() for name in names}
+
+
+def _tensor_lines(kind: str, tensors, batched: bool) -> str:
+    entries = []
+    for t in tensors:
+        dims = [d if isinstance(d, int) and d > 0 else -1 for d in (t.shape[1:] if batched else t.shape)]
+        entries.append(f'{{ name: "{t.name}" data_type: {t.dtype.triton} dims: {dims} }}')
+    return f"{kind} [ {', '.join(entries)} ]\n"
+
+
+def _feeds(signature) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(0)
+    return {t.name: rng.standard_normal([d if isinstance(d, int) and d > 0 else 1 for d in t.shape])
+            .astype(t.dtype.numpy) for t in signature.inputs}
+
+
+def build_repository(repo: Path, name: str, model: onnx.ModelProto) -> tuple[dict[str, Path], dict[str, np.ndarray]]:
+    """The four models of one ONNX file, and the request they all get."""
+    path = repo / "_source" / f"{name}.onnx"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    onnx.save(model, str(path))
+    signature = read_signature(path)
+    feeds = _feeds(signature)
+    import onnxruntime as ort
+
+    outputs = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, feeds)
+    io = _tensor_lines("input", signature.inputs, True) + _tensor_lines("output", signature.outputs, True)
+    dims = ";".join(",".join([str(b)] * len(signature.inputs)) for b in (1, 2, 4, 8))
+    shape = ";".join(f"{t.name}:-1," + ",".join(str(d) for d in t.shape[1:]) for t in signature.inputs)
+    configs = {
+        "null": f'backend: "python"\nmax_batch_size: 8\n{io}',
+        "naive": f'backend: "python"\nmax_batch_size: 8\n{io}',
+        "ge_dynamic": 'backend: "ge"\nmax_batch_size: 8\n',
+        "ge_1thread": 'backend: "ge"\nmax_batch_size: 8\n' + PARAMETER % ("intra_op_thread_count", "1"),
+        "ge_nospin": 'backend: "ge"\nmax_batch_size: 8\n' + PARAMETER % ("allow_spinning", "off"),
+        "ge_static": 'backend: "ge"\nmax_batch_size: 8\n' + STATIC % (shape, dims),
+    }
+    dirs = {}
+    for layer, config in configs.items():
+        model_dir = repo / f"{name}_{layer}"
+        (model_dir / "1").mkdir(parents=True)
+        (model_dir / "config.pbtxt").write_text(config)
+        if layer == "null":
+            (model_dir / "1" / "model.py").write_text(NULL_MODEL)
+            for out, value in zip(signature.outputs, outputs):
+                np.save(model_dir / "1" / f"{out.name}.npy", value)
+        else:
+            shutil.copy(path, model_dir / "1" / "model.onnx")
+            if layer == "naive":
+                shutil.copy(NAIVE, model_dir / "1" / "model.py")
+        dirs[layer] = model_dir
+    shutil.rmtree(path.parent)
+    return dirs, feeds
+
+
+def _wire(dtype: np.dtype) -> str:
+    return dtypes.from_onnx(onnx.helper.np_dtype_to_tensor_dtype(np.dtype(dtype))).wire
+
+
+def _client_round(client, model: str, inputs, requests: int) -> list[float]:
+    times = []
+    for _ in range(requests):
+        started = time.perf_counter_ns()
+        client.infer(model, inputs)
+        times.append((time.perf_counter_ns() - started) / 1000)
+    return times
+
+
+def measure_server(repo: Path, models: dict[str, tuple[dict, dict]], rounds: int, requests: int, log: Path) -> dict:
+    import tritonclient.grpc as grpcclient
+
+    server = bench_server.start(repo, log)
+    try:
+        if server.failures():
+            raise SystemExit(f"toll: models failed to load: {server.failures()}")
+        client = grpcclient.InferenceServerClient(server.grpc_url)
+        results = {}
+        prepared = {}
+        for name, (dirs, feeds) in models.items():
+            inputs = []
+            for input_name, value in feeds.items():
+                tensor = grpcclient.InferInput(input_name, list(value.shape), _wire(value.dtype))
+                tensor.set_data_from_numpy(value)
+                inputs.append(tensor)
+            for layer in dirs:
+                prepared[f"{name}_{layer}"] = inputs
+                _client_round(client, f"{name}_{layer}", inputs, 20)  # warm-up
+        for _ in range(rounds):  # interleaved: every model once per round
+            for model, inputs in prepared.items():
+                before = triton_stats.snapshot(server.http_url, [model])
+                times = _client_round(client, model, inputs, requests)
+                step = triton_stats.step(triton_stats.delta(before, triton_stats.snapshot(server.http_url, [model]))[model])
+                entry = results.setdefault(model, {"client_p50_us": [], "compute_infer_us": [], "server_us": []})
+                entry["client_p50_us"].append(float(np.percentile(times, 50)))
+                entry["compute_infer_us"].append(step["compute_infer_us"])
+                entry["server_us"].append(step["time_us"])
+        return results
+    finally:
+        server.stop()
+
+
+def measure_in_process(model_dir: Path, feeds: dict, rounds: int, requests: int) -> dict:
+    """The engine, the runner and the instance of a ge config, each timed `requests` times per round, interleaved."""
+    from gebackend.bench.inprocess import Ceiling
+
+    ceiling = Ceiling(model_dir, log=lambda _m: None)
+    instance = ceiling.instances_here[0]
+    runner = instance.executor.runner
+    engine = runner.engines()[0]
+    static = hasattr(runner, "router")
+    names = runner.output_names
+    calls = {
+        "engine": (lambda: engine.run_bucket(0, feeds, names)) if static else (lambda: engine.run(feeds, names)),
+        "runner": lambda: runner.run(feeds),
+        "instance": lambda: instance.execute([feeds]),
+    }
+    out = {name: [] for name in calls}
+    for call in calls.values():
+        for _ in range(20):
+            call()
+    for _ in range(rounds):
+        for name, call in calls.items():
+            times = []
+            for _ in range(requests):
+                started = time.perf_counter_ns()
+                call()
+                times.append((time.perf_counter_ns() - started) / 1000)
+            out[name].append(float(np.percentile(times, 50)))
+    instance.close()
+    return out
+
+
+def _median(values) -> float:
+    return float(statistics.median(v for v in values if v is not None))
+
+
+def _spread(values) -> float:
+    kept = [v for v in values if v is not None]
+    return (max(kept) - min(kept)) / 2 if kept else 0.0
+
+
+def summarise(name: str, server: dict, inprocess: dict) -> list[dict]:
+    """One row per layer: medians over rounds (and half the range), and the toll derived from them."""
+    null = _median(server[f"{name}_null"]["compute_infer_us"])
+    rows = []
+    for layer in ("null", "naive", *GE_LAYERS):
+        entry = server[f"{name}_{layer}"]
+        row = {"model": name, "layer": layer,
+               "client_p50_us": _median(entry["client_p50_us"]), "client_spread_us": _spread(entry["client_p50_us"]),
+               "compute_infer_us": _median(entry["compute_infer_us"]),
+               "compute_spread_us": _spread(entry["compute_infer_us"])}
+        if layer in inprocess:
+            inner = {k: _median(v) for k, v in inprocess[layer].items()}
+            row.update({f"{k}_us": v for k, v in inner.items()})
+            row["toll_stub_us"] = null
+            row["toll_bridge_us"] = row["compute_infer_us"] - null - inner["instance"]
+            row["toll_instance_us"] = inner["instance"] - inner["engine"]
+        rows.append(row)
+    return rows
+
+
+def _fmt(value) -> str:
+    return "" if value is None else f"{value:.0f}"
+
+
+def write_report(rows: list[dict], out: Path, meta: dict) -> str:
+    lines = [f"Machine: {meta['machine']}; {meta['rounds']} rounds x {meta['requests']} requests per layer, "
+             "interleaved; medians (± half the range of the per-round medians), microseconds.", "",
+             "| model | layer | client p50 | server compute_infer | engine | runner | instance.execute "
+             "| stub transport | ours: bridge | ours: instance |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        lines.append(f"| {r['model']} | {r['layer']} | {_fmt(r['client_p50_us'])} ± {_fmt(r['client_spread_us'])} "
+                     f"| {_fmt(r['compute_infer_us'])} ± {_fmt(r['compute_spread_us'])} | {_fmt(r.get('engine_us'))} "
+                     f"| {_fmt(r.get('runner_us'))} | {_fmt(r.get('instance_us'))} | {_fmt(r.get('toll_stub_us'))} "
+                     f"| {_fmt(r.get('toll_bridge_us'))} | {_fmt(r.get('toll_instance_us'))} |")
+    text = "\n".join(lines) + "\n"
+    (out / "toll.md").write_text(text)
+    (out / "toll.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
+    _plot(rows, out / "toll.png")
+    return text
+
+
+def _plot(rows: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ge = [r for r in rows if "engine_us" in r]
+    labels = [f"{r['model']}\n{r['layer']}" for r in ge]
+    parts = [("engine", [r["engine_us"] for r in ge]), ("ours: instance", [r["toll_instance_us"] for r in ge]),
+             ("ours: bridge", [max(0.0, r["toll_bridge_us"]) for r in ge]),
+             ("stub transport", [r["toll_stub_us"] for r in ge])]
+    fig, ax = plt.subplots(figsize=(1.8 * len(ge) + 2, 4))
+    bottom = np.zeros(len(ge))
+    for label, values in parts:
+        ax.bar(labels, values, bottom=bottom, label=label)
+        bottom += np.array(values)
+    ax.set_ylabel("microseconds per request (server side)")
+    ax.set_title("Where a request's time goes inside Triton (concurrency 1, batch 1)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default="tiny,resnet_small")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--requests", type=int, default=300)
+    parser.add_argument("--out", type=Path, default=Path("bench/results/toll"))
+    args = parser.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="gebackend-toll-"))
+    try:
+        models = {name: build_repository(work / "repo", name, proto)
+                  for name, proto in _models(args.models.split(",")).items()}
+        server = measure_server(work / "repo", models, args.rounds, args.requests, args.out / "server.log")
+        rows = []
+        for name, (dirs, feeds) in models.items():
+            inprocess = {layer: measure_in_process(dirs[layer], feeds, args.rounds, args.requests)
+                         for layer in GE_LAYERS}
+            rows += summarise(name, server, inprocess)
+        meta = {"machine": bench_runner.machine(), "rounds": args.rounds, "requests": args.requests,
+                "loadavg": bench_runner._loadavg()}
+        print(write_report(rows, args.out, meta))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
