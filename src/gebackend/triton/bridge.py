@@ -91,7 +91,7 @@ class ServedModel:
 
     def execute(self, requests: list) -> list:
         pb = self.pb
-        batch = [{t.name(): self._to_model(t.name(), _to_engine(t.as_numpy())) for t in request.inputs()}
+        batch = [{(name := t.name()): self._to_model(name, _to_engine(t.as_numpy())) for t in request.inputs()}
                  for request in requests]
         results = self.instance.execute(batch)
         responses = []
