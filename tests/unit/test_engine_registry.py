@@ -48,10 +48,13 @@ def test_every_registered_engine_builds_both_graph_modes_and_they_agree(model_pa
 
 
 def test_each_engine_says_how_it_lowers_precision():
-    assert registry.kind("onnxruntime").lowers_in_engine is False  # the file is lowered first (compile/precision.py)
-    assert registry.kind("onnxruntime").precision_run("origin").ran == "f32"
+    ort = registry.kind("onnxruntime")
+    assert not any(ort.lowers(m) for m in ("fp16", "bf16", "int8"))  # the file is lowered first (compile/precision.py)
+    assert ort.precision_run("origin").ran == "f32" and ort.quantizations == ("dynamic", "static")
     pytest.importorskip("openvino")
-    assert registry.kind("openvino").lowers_in_engine is True  # OpenVINO compiles at the precision hint
+    ov = registry.kind("openvino")
+    assert ov.lowers("bf16") and ov.lowers("fp16")  # OpenVINO compiles at the precision hint
+    assert not ov.lowers("int8") and ov.quantizations == ("static",) and ov.static_quantizer == "nncf"  # NNCF's file
 
 
 def test_an_unknown_engine_is_named_with_the_known_ones():

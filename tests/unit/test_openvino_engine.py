@@ -22,7 +22,7 @@ from gebackend.engines import create_engine, create_static_engine  # noqa: E402
 from gebackend.engines.base import EngineInputError  # noqa: E402
 from gebackend.engines.openvino import PROVIDER, OvEngine, core, resolve_precision  # noqa: E402
 from gebackend.engines.openvino_static import OvStaticEngine  # noqa: E402
-from gebackend.errors import ModelLoadError  # noqa: E402
+
 from gebackend.modelzoo import build_bert, build_resnet  # noqa: E402
 from gebackend.profiling import load_capture, render  # noqa: E402
 
@@ -173,12 +173,13 @@ def test_precision_fallbacks_without_capabilities():
     assert resolve_precision("origin", ["FP32", "BF16", "FP16"]).hint == ov.Type.f32
 
 
-def test_int8_is_refused(model):
-    with pytest.raises(ModelLoadError, match="int8.*calibration"):
-        OvEngine(model.path, BackendOptions.make(precision_mode="int8"))
-    graphs, _ = compile_static(model.path, model.shapes[:1], 1 << 20)
-    with pytest.raises(ModelLoadError, match="int8"):
-        OvStaticEngine(graphs, BackendOptions.make(precision_mode="int8"))
+def test_int8_compiles_the_qdq_file_at_f32(model):
+    """int8 on OpenVINO is a QDQ file NNCF wrote first (runtime/loader.py): compiled with the f32 hint, said so."""
+    chosen = resolve_precision("int8", ["FP32", "INT8"])
+    assert chosen.hint == ov.Type.f32 and chosen.note.startswith("int8 static (NNCF, QDQ)")
+    engine = OvEngine(model.path, BackendOptions.make(precision_mode="int8"))
+    assert "precision=f32 (precision_mode=int8; int8 static (NNCF, QDQ)" in engine.describe()
+    engine.close()
 
 
 def test_threads_follow_intra_op_thread_count(model):

@@ -108,7 +108,9 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
         precision = ran = None
         if getattr(args, "precision", None):
             precision = _precision_report(args.model, args.precision, args.engine, shapes or None)
-            ran = precision_run(args.precision, args.engine)
+            ran = precision_run(args.precision, args.engine,
+                                "static" if args.precision == "int8" and "dynamic" not in kind(args.engine).quantizations
+                                else "dynamic" if args.precision == "int8" else "")
     except (GeBackendError, ValueError, OSError) as exc:
         print(f"gebackend analyze: {exc}", file=sys.stderr)
         return 2
@@ -140,26 +142,38 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
 
 
 def _precision_report(path: Path, mode: str, engine: str, shapes):
-    """The accuracy report of MODEL lowered to `mode`, as the server logs it at load."""
+    """The accuracy report of MODEL lowered to `mode`, as the server logs it at load (int8: quantization=auto, static
+    int8 calibrated on seeded random samples); a file lowered for an engine that is not ONNX Runtime runs on it."""
     import shutil
     import tempfile
 
     from gebackend.compile.accuracy import accuracy_report, random_feeds
+    from gebackend.config.options import BackendOptions
 
     feeds = random_feeds(path, shapes)
     engine_kind = kind(engine)
-    if engine_kind.lowers_in_engine:
-        from gebackend.config.options import BackendOptions
-
-        lowered = engine_kind.dynamic(path, BackendOptions.make(engine=engine, precision_mode=mode), ("CPUExecutionProvider",))
+    options = BackendOptions.make(engine=engine, precision_mode=mode)
+    if engine_kind.lowers(mode):
+        lowered = engine_kind.dynamic(path, options, ("CPUExecutionProvider",))
         try:
             return accuracy_report(path, lowered, feeds)
         finally:
             lowered.close()
-    from gebackend.compile.precision import lower_precision
+    from gebackend.compile.calibration import random_samples
+    from gebackend.compile.precision import lower_precision, resolve_quantization
 
+    quantization = resolve_quantization("auto", "", engine_kind) if mode == "int8" else "dynamic"
+    samples = random_samples(path, options.engines.calibration_samples, shapes) if quantization == "static" else None
     folder = Path(tempfile.mkdtemp(prefix="gebackend-analyze-"))
     try:
-        return accuracy_report(path, lower_precision(path, mode, folder), feeds)
+        file = lower_precision(path, mode, folder, quantization=quantization, quantizer=engine_kind.static_quantizer,
+                               samples=samples)
+        if engine_kind.onnxruntime_providers:
+            return accuracy_report(path, file, feeds)
+        lowered = engine_kind.dynamic(file, options, ("CPUExecutionProvider",))
+        try:
+            return accuracy_report(path, lowered, feeds)
+        finally:
+            lowered.close()
     finally:
         shutil.rmtree(folder, ignore_errors=True)

@@ -1,6 +1,10 @@
 """Precision pass: lower an fp32 ONNX model to `precision_mode` int8 or fp16 for ONNX Runtime, or refuse bf16.
 
-* int8: onnxruntime's dynamic quantization (`quantize_dynamic`): weights quantized once, activations per
+* int8, `quantization` resolved by `resolve_quantization` (auto: static when calibration_data is set or the engine has
+  no dynamic int8, i.e. OpenVINO; else dynamic, which measured 1.75x the peer on a transformer):
+* int8 static: a calibrated QDQ file (compile/quantize_static.py: ONNX Runtime's quantize_static, or NNCF for
+  OpenVINO) from samples (compile/calibration.py).
+* int8 dynamic: onnxruntime's dynamic quantization (`quantize_dynamic`): weights quantized once, activations per
   run, no calibration data. Weights are QInt8 (activations uint8: MatMulInteger u8s8, the fast path on
   x86 with VNNI; QUInt8 weights measured slower). Only MatMul and Gemm are quantized by default: ORT's
   ConvInteger kernel measured ~5x slower than the fp32 Conv on the example ResNet
@@ -13,7 +17,8 @@
   so the model does not load; OpenVINO runs bf16 natively on CPUs with AVX512-BF16/AMX.
 
 The lowered model is written to a folder the caller owns and returned as a path: quantization works
-on files, and the engines re-open the file when profiling starts.
+on files, and the engines re-open the file when profiling starts. The server keeps it in a cache across
+instances and restarts (compile/precision_cache.py).
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ import io
 import logging
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 import onnx
 
@@ -73,22 +78,43 @@ def check_supported(mode: str) -> None:
         raise ModelLoadError(_BF16_REFUSAL)
 
 
+def resolve_quantization(quantization: str, calibration_data: str, engine_kind) -> str:
+    """precision_mode=int8's `quantization` option as "dynamic" | "static" for an engine (`EngineKind`)."""
+    if quantization == "auto":
+        return "static" if calibration_data or "dynamic" not in engine_kind.quantizations else "dynamic"
+    if quantization not in engine_kind.quantizations:
+        raise ModelLoadError(
+            f"precision_mode=int8 quantization={quantization} is not available with engine={engine_kind.name} (it runs "
+            f"{' or '.join(engine_kind.quantizations)} int8 only: OpenVINO has no dynamic int8); use quantization=static "
+            f"(or auto), or engine=onnxruntime for dynamic quantization")
+    return quantization
+
+
 def lower_precision(
     path: Path,
     mode: str,
     out_dir: Path,
     log: Callable[[str], None] = lambda message: None,
     int8_op_types: tuple[str, ...] = INT8_OP_TYPES,
+    quantization: str = "dynamic",
+    quantizer: str = "onnxruntime",
+    samples: Sequence[dict] | None = None,
+    out_name: str = "",
 ) -> Path:
-    """The model at `path` lowered to `mode`, written under `out_dir`; `path` itself for origin."""
+    """The model at `path` lowered to `mode`, written under `out_dir` (as `out_name` if given); `path` itself for
+    origin. int8 with `quantization="static"` calibrates on `samples` with `quantizer` ("onnxruntime" | "nncf")."""
     check_supported(mode)
     if mode == "origin":
         return path
     out_dir.mkdir(parents=True, exist_ok=True)
-    out = out_dir / f"{path.stem}.{mode}.onnx"
+    out = out_dir / (out_name or f"{path.stem}.{mode}.onnx")
     started = time.perf_counter()
     try:
-        if mode == "int8":
+        if mode == "int8" and quantization == "static":
+            from gebackend.compile.quantize_static import quantize
+
+            quantize(quantizer, path, out, samples or (), log)
+        elif mode == "int8":
             _int8(path, out, int8_op_types, log)
         else:
             _fp16(path, out)

@@ -49,10 +49,19 @@ class StaticGraphOptions:
 
 @dataclass(frozen=True)
 class EngineChoice:
-    """Which engine runs a model, at what precision, where (engines/, engines/providers/, compile/precision.py)."""
+    """Which engine runs a model, at what precision, where (engines/, engines/providers/, compile/precision.py,
+    compile/calibration.py)."""
 
     engine: str = registry.DEFAULT  # a name in engines/registry.py, or "auto" (what is installed and fastest here)
     precision_mode: str = "origin"  # "origin" (exact, as given) | "fp16" | "bf16" | "int8"
+    # precision_mode=int8 (compile/precision.py, compile/quantize_static.py): "dynamic" (ONNX Runtime, no calibration),
+    # "static" (calibrated QDQ: ONNX Runtime's quantize_static, or NNCF for engine=openvino), or "auto": static when
+    # calibration_data is set or the engine has no dynamic int8 (OpenVINO), else dynamic
+    quantization: str = "auto"
+    # static int8: a folder of <input>.npy / <input>/*.npy, or a perf_analyzer --input-data JSON file; relative to the
+    # model's folder (the one holding config.pbtxt). Empty: seeded random samples (compile/calibration.py)
+    calibration_data: str = ""
+    calibration_samples: int = 32  # static int8: how many calibration samples (random ones, or the first of the data)
     # engine=onnxruntime: the execution provider; "auto": from instance_group kind and gpu_execution_accelerator
     # (engines/providers/: cpu, cuda, tensorrt, cann). CANN has no Triton instance kind, so it is asked for by name
     execution_provider: str = "auto"

@@ -182,6 +182,9 @@ _KEYS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "execution_provider": ("execution_provider", _provider_name),
     "device": ("device", _openvino_device),
     "device_fallback": ("device_fallback", _choice({"none": "none", **{k: "none" for k in _FALSE}, "cpu": "cpu"})),
+    "quantization": ("quantization", _choice({"auto": "auto", "dynamic": "dynamic", "static": "static"})),
+    "calibration_data": ("calibration_data", str.strip),
+    "calibration_samples": ("calibration_samples", _positive_int),
 }
 # ge-backend's family keys with an equivalent (config/ge_keys.py) parse like the key they stand for;
 # precision_mode_v1 is GE's ge.exec.precision_mode, whose values differ from precision_mode_v2's.

@@ -184,5 +184,5 @@ def precision_run(mode: str) -> PrecisionRun:
     return PrecisionRun(mode, ran, int8_note(mode))
 
 
-KIND = EngineKind("onnxruntime", dynamic=OrtEngine, static=_static_engine, lowers_in_engine=False,
+KIND = EngineKind("onnxruntime", dynamic=OrtEngine, static=_static_engine, lowers_in_engine=frozenset(),
                   precision_run=precision_run, onnxruntime_providers=True)

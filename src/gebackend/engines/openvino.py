@@ -8,9 +8,10 @@ names: the CPU by default, or GPU, NPU, AUTO, HETERO:..., checked against the de
 Precision is always explicit. On CPUs with AVX-512 BF16 or AMX the CPU plugin silently runs in bf16
 unless told otherwise, so every compiled model gets `INFERENCE_PRECISION_HINT` from `precision_mode`:
 origin -> f32, bf16 -> bf16, fp16 -> f16 (bf16, else f32, where the CPU cannot run f16; the fallback is
-said in `describe()`). int8 needs calibration in OpenVINO and is refused here (ONNX Runtime's quantizer
-handles it). Threads: `INFERENCE_NUM_THREADS` = `intra_op_thread_count` when set, one stream, the
-LATENCY performance hint. The precision the compiled model reports back is what `describe()` shows.
+said in `describe()`). int8 is static only: NNCF writes a calibrated QDQ ONNX file first
+(compile/quantize_static.py, through runtime/loader.py) and it is compiled with the f32 hint: OpenVINO runs the
+quantized ops as int8 kernels itself and the rest in f32 (OpenVINO has no dynamic int8: quantization=dynamic is
+refused). Threads: `INFERENCE_NUM_THREADS` = `intra_op_thread_count` when set, one stream, the LATENCY performance hint. The precision the compiled model reports back is what `describe()` shows.
 
 Profiling: OpenVINO's per-node performance counters (`PERF_COUNT`) need a recompile, so
 `start_profiling` compiles a profiled twin of every graph first and swaps it in under the run lock
@@ -36,7 +37,7 @@ import openvino.properties.hint as hints
 
 from gebackend.config.options import BackendOptions
 from gebackend.engines.base import Engine, EngineInputError, EngineRunError, ProfiledSession, ProfilingSwap
-from gebackend.engines.cpu import PrecisionRun, fallback_note
+from gebackend.engines.cpu import PrecisionRun, fallback_note, int8_note
 from gebackend.engines.openvino_device import (CPU_DEVICE, Device, capabilities as device_capabilities, core,  # noqa: F401
                                               full_name, plugin_config, resolve_device, version)
 from gebackend.engines.openvino_profile import PROVIDER, _Profile, _profile_file  # noqa: F401 - PROVIDER: for callers
@@ -53,21 +54,20 @@ DEVICE = "CPU"  # the device whose capabilities `openvino_capabilities` reports
 class Precision:
     """The inference precision asked of the CPU plugin, and why it differs from `precision_mode` if it does."""
 
-    mode: str  # precision_mode: origin | fp16 | bf16
+    mode: str  # precision_mode: origin | fp16 | bf16 | int8 (a QDQ file, compiled at f32)
     hint: ov.Type
     note: str = ""
 
 
+INT8_NOTE = "int8 static (NNCF, QDQ): the quantized ops run as int8 kernels, the others in f32"
 _WANTED = {"origin": ov.Type.f32, "bf16": ov.Type.bf16, "fp16": ov.Type.f16}
 _CAPABILITY = {ov.Type.bf16: "BF16", ov.Type.f16: "FP16"}
 
 
 def resolve_precision(mode: str, capabilities: Sequence[str] | None = None, device: Device = CPU_DEVICE) -> Precision:
-    """The inference precision hint for a precision_mode on `device`; int8 raises `ModelLoadError`."""
+    """The inference precision hint for a precision_mode on `device`; int8: f32 (the QDQ file says what is int8)."""
     if mode == "int8":
-        raise ModelLoadError(
-            "precision_mode=int8 is not supported by the OpenVINO engine (it needs calibration data); "
-            "use engine=onnxruntime, whose dynamic quantization needs none")
+        return Precision(mode, ov.Type.f32, INT8_NOTE)
     if mode not in _WANTED:
         raise ModelLoadError(f"precision_mode={mode!r} is not known to the OpenVINO engine")
     wanted = _WANTED[mode]
@@ -281,8 +281,10 @@ def _static_engine(graphs, options: BackendOptions, source: Path):
 
 
 def precision_run(mode: str) -> PrecisionRun:
-    """The precision OpenVINO compiles `mode` at on this CPU (`resolve_precision`); int8 raises `ModelLoadError`."""
+    """The precision OpenVINO compiles `mode` at on this CPU (`resolve_precision`); int8: the NNCF QDQ file's int8."""
     chosen = resolve_precision(mode)
+    if mode == "int8":
+        return PrecisionRun(mode, "int8", "; ".join(n for n in (chosen.note, int8_note(mode)) if n))
     return PrecisionRun(mode, chosen.hint.get_type_name(), chosen.note)
 
 
@@ -291,6 +293,8 @@ KIND = EngineKind(
     dynamic=lambda path, options, providers: OvEngine(path, options),
     # the source file read once, reshaped per bucket: the buckets share its constants
     static=lambda graphs, options, providers, source, temp_parent: _static_engine(graphs, options, source),
-    lowers_in_engine=True,
+    lowers_in_engine=frozenset({"bf16", "fp16"}),  # the precision hint; int8 is a QDQ file lowered first (NNCF)
     precision_run=precision_run,
+    quantizations=("static",),
+    static_quantizer="nncf",
 )

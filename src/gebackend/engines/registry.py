@@ -42,14 +42,22 @@ class EngineKind:
     dynamic: Callable[[Path, "BackendOptions", Sequence], "Engine"]
     # (compiled graphs, options, providers, the source ONNX file, temp folder parent) -> the static graph engine
     static: Callable[[Sequence, "BackendOptions", Sequence, Path, Path | None], "Engine"]
-    # True: the engine itself compiles at `precision_mode` (OpenVINO's precision hint); False: the model file is
-    # lowered first (compile/precision.py) and the engine runs the lowered file
-    lowers_in_engine: bool
+    # the precision_modes the engine itself compiles at (OpenVINO's precision hint for bf16/fp16); any other mode but
+    # origin is lowered first (compile/precision.py) and the engine runs the lowered file (int8 on every engine)
+    lowers_in_engine: frozenset[str]
     # precision_mode -> what it runs at on this CPU (engines/cpu.py asks here)
     precision_run: Callable[[str], "PrecisionRun"]
     # it runs ONNX Runtime sessions, which take execution providers (engines/providers/); else it runs on the CPU
     # provider list and places itself (OpenVINO's `device` option)
     onnxruntime_providers: bool = False
+    # precision_mode=int8: the `quantization` values the engine runs (OpenVINO has no dynamic int8), and the tool
+    # that makes the static (calibrated) QDQ file for it (compile/quantize_static.py)
+    quantizations: tuple[str, ...] = ("dynamic", "static")
+    static_quantizer: str = "onnxruntime"  # "onnxruntime" (quantize_static) | "nncf"
+
+    def lowers(self, mode: str) -> bool:
+        """Whether the engine compiles `mode` itself (no file lowering first)."""
+        return mode in self.lowers_in_engine
 
 
 def names() -> tuple[str, ...]:

@@ -1,16 +1,15 @@
 """Builds what a `ModelSpec` asks for: a dynamic engine, or static graphs compiled per shape behind a bucket router.
 
-With `precision_mode` int8 or fp16 on ONNX Runtime, the model is lowered first (compile/precision.py) and
-the lowered file is what the engines load, in both graph modes; the same seeded random input then runs
-through the original and the lowered model and the load log says how close they are (compile/accuracy.py).
+With `precision_mode` int8 (any engine) or fp16 on ONNX Runtime, the model is lowered first (compile/precision.py,
+int8 static: compile/quantize_static.py), once per model version and options: the lowered file is cached for every
+instance and restart (compile/precision_cache.py), and it is what the engines load, in both graph modes. The same
+input (seeded random, or the first calibration sample) then runs through the original and the lowered model and the
+load log says how close they are (compile/accuracy.py).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import shutil
-import tempfile
-import weakref
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -28,56 +27,44 @@ def load_executor(
     spec: ModelSpec, providers: Sequence = ("CPUExecutionProvider",), log: Callable[[str], None] = lambda m: None
 ) -> tuple[Executor, str]:
     """The executor for a model and one line describing how it runs."""
-    folder: Path | None = None
     precision = ""
-    # lowered here unless the engine (OpenVINO's precision hint) or the provider (TensorRT, CANN) applies it itself
-    if (spec.options.engines.precision_mode != "origin" and not kind(engine_name(spec.options.engines)).lowers_in_engine
-            and not getattr(providers, "lowers_precision", False)):
-        folder = _lowered_dir(spec.name)
-        try:
-            spec, precision = _lower(spec, folder, providers, log)
-        except BaseException:
-            shutil.rmtree(folder, ignore_errors=True)
-            raise
-    try:
-        executor, how = _build(spec, providers, log)
-    except BaseException:
-        if folder is not None:
-            shutil.rmtree(folder, ignore_errors=True)
-        raise
-    if folder is not None:
-        weakref.finalize(executor, shutil.rmtree, str(folder), True)  # the engines re-open it to profile
+    engine_kind = kind(engine_name(spec.options.engines))
+    mode = spec.options.engines.precision_mode
+    # lowered here unless the engine (OpenVINO's precision hint for bf16/fp16) or the provider (TensorRT, CANN)
+    # applies it itself; the lowered file lives in the precision cache, shared by instances and restarts
+    if mode != "origin" and not engine_kind.lowers(mode) and not getattr(providers, "lowers_precision", False):
+        spec, precision = _lower(spec, engine_kind, log)
+    executor, how = _build(spec, providers, log)
     return executor, f"{precision}{how}"
 
 
-def _lowered_dir(model: str) -> Path:
-    """A private folder for the lowered model."""
-    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in model)
-    return Path(tempfile.mkdtemp(prefix=f"lowered-{safe}-", dir=server_temp_parent()))
-
-
-def _lower(spec: ModelSpec, folder: Path, providers: Sequence, log: Callable[[str], None]) -> tuple[ModelSpec, str]:
-    """The spec pointing at the lowered model, and the precision part of the load line."""
+def _lower(spec: ModelSpec, engine_kind, log: Callable[[str], None]) -> tuple[ModelSpec, str]:
+    """The spec pointing at the lowered model (compile/precision_cache.py), and the precision part of the load line."""
     from gebackend.compile.accuracy import accuracy_report, random_feeds
-    from gebackend.compile.precision import lower_precision
+    from gebackend.compile.precision_cache import lowered_model
+    from gebackend.engines.cpu import precision_run
 
     mode = spec.options.engines.precision_mode
-    lowered = lower_precision(spec.path, mode, folder, log)
-    ran = kind(engine_name(spec.options.engines)).precision_run(mode)
+    shapes = spec.static_shapes[0] if spec.static else None
+    lowered = lowered_model(spec.name, spec.path, spec.options.engines, engine_kind, spec.batching, shapes, log)
+    ran = precision_run(mode, engine_kind.name, lowered.quantization)
     if ran.note:
         log(f"precision {mode}: {ran.note}")
+    label = f"{mode} static" if lowered.quantization == "static" else mode  # dynamic: the line as before static int8
     try:
-        feeds = random_feeds(spec.path, spec.static_shapes[0] if spec.static else None)
-        report = accuracy_report(spec.path, lowered, feeds)
+        feeds = dict(lowered.check_feeds) if lowered.check_feeds is not None else random_feeds(spec.path, shapes)
+        report = accuracy_report(spec.path, lowered.path, feeds)
     except GeBackendError as exc:
         log(f"precision {mode}: no accuracy check: {exc}")
-        return dataclasses.replace(spec, path=lowered), f"precision {mode} (accuracy not checked), "
+        return dataclasses.replace(spec, path=lowered.path), f"precision {label} (accuracy not checked), "
     for number, line in enumerate(report.format_text().splitlines()):
+        if number == 0 and lowered.check_feeds is not None:  # the report names its usual input
+            line = line.replace("seeded random input", "the first calibration sample").replace(", seed 0)", ")")
         log(f"precision {mode} vs fp32: {line}" if number == 0 else line)
     if not report.cosine >= 0.99:
         log(f"precision {mode}: WARNING cosine similarity {report.cosine:.4f} to fp32 is below 0.99; "
             f"check the outputs or use precision_mode=origin")
-    return dataclasses.replace(spec, path=lowered), f"precision {mode} (cosine {report.cosine:.6f} to fp32), "
+    return dataclasses.replace(spec, path=lowered.path), f"precision {label} (cosine {report.cosine:.6f} to fp32), "
 
 
 def _build(spec: ModelSpec, providers: Sequence, log: Callable[[str], None]) -> tuple[Executor, str]:

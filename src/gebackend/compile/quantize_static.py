@@ -1,0 +1,199 @@
+"""Static (calibrated) int8 quantization: the two quantizers that write a QDQ ONNX file from calibration samples.
+
+* engine=onnxruntime: `onnxruntime.quantization.quantize_static`, QDQ format, per-channel weights, MinMax calibration
+  on the samples (compile/calibration.py). The 8-bit types follow what this CPU has (`ort_types`, after the advice in
+  quantize_static's own docstring, "Choosing parameters for CPU inference"): on x86 uint8 activations and int8
+  weights (U8S8), with `reduce_range=True` (7-bit weights) where the CPU has no VNNI (`avx512_vnni`/`avx_vnni`),
+  whose AVX2 u8*s8 instruction (VPMADDUBSW) can saturate, and without it where it has VNNI; on Arm int8 both (S8S8).
+* engine=openvino: NNCF's post-training quantization (`nncf.quantize`) on the ONNX model (NNCF's ONNX backend),
+  giving a QDQ ONNX file that OpenVINO reads like any ONNX file and runs as int8 kernels. Graphs with attention
+  (a Softmax and a MatMul) are quantized as `ModelType.TRANSFORMER` with the MIXED preset (symmetric weights,
+  asymmetric activations), the others with PERFORMANCE (symmetric both).
+
+Both run quietly (their logs, prints and progress bars are swallowed; NNCF's telemetry is switched off, see
+`_import_nncf`) and a failure inside them is a
+`ModelLoadError` saying what failed and what to do, never their traceback.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import os
+import platform
+from pathlib import Path
+from typing import Callable, Iterable, Sequence
+
+import numpy as np
+import onnx
+
+from gebackend.errors import ModelLoadError
+
+QDQ_OPS = ("QuantizeLinear", "DequantizeLinear")
+_VNNI = frozenset({"avx512_vnni", "avx_vnni", "amx_int8"})
+_NONE = "; nothing was quantized, the model runs as fp32"
+
+
+@contextlib.contextmanager
+def quiet():
+    """Quantizers log through the root logger and their own loggers, print, and draw progress bars (rich, tqdm)."""
+    root = logging.getLogger()
+    loggers = [root] + [logging.getLogger(name) for name in ("nncf", "onnxruntime")]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.ERROR)
+    sink = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
+            yield
+    finally:
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(level)
+
+
+def count_qdq(model: onnx.ModelProto) -> int:
+    return sum(1 for node in model.graph.node if node.op_type in QDQ_OPS)
+
+
+def _large(path: Path) -> bool:
+    from gebackend.compile.precision import _large as large
+
+    return large(path)
+
+
+# ------------------------------------------------------------------------------------------ onnxruntime
+
+
+def ort_types(flags: Iterable[str] | None = None, machine: str | None = None) -> tuple[str, str, bool, str]:
+    """(activation type, weight type, reduce_range, why) for ORT's quantize_static on this CPU."""
+    if flags is None:
+        from gebackend.engines import cpu
+
+        flags = cpu.flags()
+    flags = frozenset(flags)
+    machine = (machine or platform.machine()).lower()
+    if machine in ("aarch64", "arm64") or machine.startswith("arm"):
+        return "QInt8", "QInt8", False, "Arm CPU: int8 activations and weights (S8S8)"
+    if flags & _VNNI:
+        have = ", ".join(sorted(flags & _VNNI))
+        return "QUInt8", "QInt8", False, (f"x86 CPU with VNNI ({have}): uint8 activations, int8 weights (U8S8), "
+                                          f"full 8-bit range")
+    return "QUInt8", "QInt8", True, ("x86 CPU without VNNI: uint8 activations, int8 weights (U8S8) with "
+                                     "reduce_range=True (7-bit weights), as ONNX Runtime advises, so AVX2's u8*s8 "
+                                     "products do not saturate")
+
+
+class _Reader:
+    """ORT's CalibrationDataReader over a list of samples (duck-typed: it checks `get_next`)."""
+
+    def __init__(self, samples: Sequence[dict]):
+        self._samples = list(samples)
+        self._next = 0
+
+    def get_next(self):
+        if self._next >= len(self._samples):
+            return None
+        self._next += 1
+        return self._samples[self._next - 1]
+
+    def rewind(self):
+        self._next = 0
+
+    def __len__(self):
+        return len(self._samples)
+
+
+def quantize_onnxruntime(path: Path, out: Path, samples: Sequence[dict], log: Callable[[str], None]) -> int:
+    """ORT static QDQ int8 of `path` written to `out`; the number of QuantizeLinear/DequantizeLinear nodes."""
+    from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
+
+    activation, weight, reduce_range, why = ort_types()
+    large = _large(path)
+    # a loaded model: given a path, the quantizer writes `<stem>-inferred.onnx` beside it (see precision._int8)
+    source = str(path) if large else onnx.load(str(path))
+    try:
+        with quiet():
+            quantize_static(
+                source, str(out), _Reader(samples), quant_format=QuantFormat.QDQ, per_channel=True,
+                reduce_range=reduce_range, activation_type=getattr(QuantType, activation),
+                weight_type=getattr(QuantType, weight), use_external_data_format=large,
+            )
+    except ModelLoadError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the quantizer's traceback is not the user's to read
+        raise ModelLoadError(
+            f"precision_mode=int8 quantization=static: ONNX Runtime's quantize_static failed on {path.name}: "
+            f"{_short(exc)}; try quantization=dynamic, or precision_mode=origin, and report this model") from None
+    nodes = count_qdq(onnx.load(str(out), load_external_data=False))
+    log(f"precision int8: static quantization (ONNX Runtime quantize_static, QDQ, per-channel weights, MinMax over "
+        f"{len(samples)} sample(s)): {activation} activations, {weight} weights, reduce_range={reduce_range}: {why}; "
+        f"{nodes} QuantizeLinear/DequantizeLinear node(s){_NONE if nodes == 0 else ''}")
+    return nodes
+
+
+# ------------------------------------------------------------------------------------------ NNCF
+
+
+def is_transformer(model: onnx.ModelProto) -> bool:
+    """Attention-like: a Softmax and a MatMul in the graph (NNCF then keeps its transformer patterns in float)."""
+    ops = {node.op_type for node in model.graph.node}
+    return "Softmax" in ops and "MatMul" in ops
+
+
+def _import_nncf():
+    """NNCF with its telemetry off. It is on by default (no consent file counts as consent) and sends each quantize
+    call from a forked multiprocessing.Process: inside a Triton Python stub that fork hangs the model's load, and a
+    server has no business phoning home. NNCF reads NNCF_CI at import (nncf/telemetry/wrapper.py); the module
+    attributes are swapped for its stub too, in case NNCF was imported before."""
+    os.environ.setdefault("NNCF_CI", "1")
+    try:
+        with quiet():
+            import nncf
+            import nncf.telemetry.decorator as decorator
+            import nncf.telemetry.wrapper as wrapper
+    except Exception as exc:  # noqa: BLE001
+        raise ModelLoadError(f"precision_mode=int8 with engine=openvino needs NNCF, which does not import here: "
+                             f"{_short(exc)}; install nncf (pyproject.toml pins it) or use engine=onnxruntime") from None
+    if not isinstance(wrapper.telemetry, wrapper.NNCFTelemetryStub):
+        wrapper.telemetry = decorator.telemetry = wrapper.NNCFTelemetryStub()
+    return nncf
+
+
+def quantize_nncf(path: Path, out: Path, samples: Sequence[dict], log: Callable[[str], None]) -> int:
+    """NNCF static QDQ int8 of `path` (its ONNX backend) written to `out`; the number of QDQ nodes."""
+    nncf = _import_nncf()
+    large = _large(path)
+    model = onnx.load(str(path))
+    transformer = is_transformer(model)
+    preset = nncf.QuantizationPreset.MIXED if transformer else nncf.QuantizationPreset.PERFORMANCE
+    kwargs = {"model_type": nncf.ModelType.TRANSFORMER} if transformer else {}
+    try:
+        with quiet():
+            nncf.set_log_level(logging.ERROR)
+            quantized = nncf.quantize(model, nncf.Dataset(list(samples)), preset=preset, subset_size=len(samples),
+                                      **kwargs)
+            onnx.save_model(quantized, str(out), save_as_external_data=large, location=f"{out.name}.data")
+    except Exception as exc:  # noqa: BLE001 - NNCF's traceback is not the user's to read
+        raise ModelLoadError(
+            f"precision_mode=int8: NNCF could not quantize {path.name} for OpenVINO: {_short(exc)}; serve it with "
+            f"engine=onnxruntime (ONNX Runtime's quantizer), or precision_mode=origin, and report this model") from None
+    nodes = count_qdq(quantized)
+    log(f"precision int8: static quantization (NNCF {nncf.__version__}, QDQ for OpenVINO, "
+        f"{'ModelType.TRANSFORMER, preset MIXED' if transformer else 'preset PERFORMANCE'} "
+        f"({'Softmax and MatMul found' if transformer else 'no attention pattern'}), {len(samples)} calibration "
+        f"sample(s)): {nodes} QuantizeLinear/DequantizeLinear node(s){_NONE if nodes == 0 else ''}")
+    return nodes
+
+
+def _short(exc: BaseException) -> str:
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return f"{type(exc).__name__}: {lines[-1][:300]}" if lines else type(exc).__name__
+
+
+def quantize(quantizer: str, path: Path, out: Path, samples: Sequence[dict], log: Callable[[str], None]) -> int:
+    """The engine's static quantizer ("onnxruntime" | "nncf", engines/registry.py `static_quantizer`)."""
+    if not samples:
+        raise ModelLoadError("precision_mode=int8 quantization=static: no calibration sample")
+    run = quantize_nncf if quantizer == "nncf" else quantize_onnxruntime
+    return run(path, out, [{k: np.asarray(v) for k, v in s.items()} for s in samples], log)

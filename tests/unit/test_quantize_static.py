@@ -1,0 +1,120 @@
+"""Static int8 (compile/quantize_static.py): ONNX Runtime's QDQ and NNCF's QDQ (run by OpenVINO) of a small conv model
+and a small MatMul model stay close to fp32 on inputs they were not calibrated on; the 8-bit types follow this CPU."""
+
+from __future__ import annotations
+
+import platform
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import helper, numpy_helper
+
+from gebackend.compile import quantize_static
+from gebackend.compile.accuracy import compare, random_feeds
+from gebackend.compile.calibration import random_samples
+from gebackend.engines import cpu
+from gebackend.errors import ModelLoadError
+from gebackend.modelzoo import build_bert, build_resnet
+
+
+def build_matmul(seed: int = 0) -> onnx.ModelProto:
+    """x [batch, 64] -> MatMul 64x128 + bias -> Relu -> MatMul 128x32: a small MLP."""
+    rng = np.random.default_rng(seed)
+    w1 = numpy_helper.from_array((rng.standard_normal((64, 128)) / 8).astype(np.float32), "w1")
+    b1 = numpy_helper.from_array(np.zeros(128, np.float32), "b1")
+    w2 = numpy_helper.from_array((rng.standard_normal((128, 32)) / 11).astype(np.float32), "w2")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w1"], ["h"]), helper.make_node("Add", ["h", "b1"], ["hb"]),
+         helper.make_node("Relu", ["hb"], ["r"]), helper.make_node("MatMul", ["r", "w2"], ["y"])],
+        "mlp", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["batch", 64])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["batch", 32])], [w1, b1, w2])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+
+
+@pytest.fixture(scope="module", params=["conv", "matmul"])
+def model(request, tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("q") / f"{request.param}.onnx"
+    onnx.save(build_resnet(width=8, image_size=32) if request.param == "conv" else build_matmul(), str(path))
+    return path
+
+
+def _fresh_cosine(reference: Path, run_lowered) -> float:
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(reference), providers=["CPUExecutionProvider"])
+    worst = 1.0
+    for seed in range(100, 104):  # not the calibration seeds (0..15)
+        feeds = random_feeds(reference, seed=seed, batch=2)
+        name = session.get_outputs()[0].name
+        worst = min(worst, compare(name, session.run([name], feeds)[0], run_lowered(feeds)).cosine)
+    return worst
+
+
+def test_onnxruntime_static_int8_is_qdq_and_close_to_fp32(model, tmp_path):
+    import onnxruntime as ort
+
+    out = tmp_path / "q.onnx"
+    lines = []
+    nodes = quantize_static.quantize("onnxruntime", model, out, random_samples(model, 16), lines.append)
+    ops = Counter(node.op_type for node in onnx.load(str(out)).graph.node)
+    assert ops["QuantizeLinear"] > 0 and ops["DequantizeLinear"] > 0 and nodes == ops["QuantizeLinear"] + ops["DequantizeLinear"]
+    session = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+    cosine = _fresh_cosine(model, lambda feeds: session.run(None, feeds)[0])
+    assert cosine >= 0.99, cosine
+    assert any("reduce_range=" in line and "QDQ" in line for line in lines), lines
+
+
+def test_nncf_int8_run_by_openvino_is_qdq_and_close_to_fp32(model, tmp_path):
+    ov = pytest.importorskip("openvino")
+    pytest.importorskip("nncf")
+    out = tmp_path / "q.onnx"
+    lines = []
+    quantize_static.quantize("nncf", model, out, random_samples(model, 16), lines.append)
+    ops = Counter(node.op_type for node in onnx.load(str(out)).graph.node)
+    assert ops["QuantizeLinear"] > 0 and ops["DequantizeLinear"] > 0
+    compiled = ov.Core().compile_model(str(out), "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
+    cosine = _fresh_cosine(model, lambda feeds: compiled(feeds)[0])
+    assert cosine >= 0.99, cosine
+    assert any("NNCF" in line and "preset PERFORMANCE" in line for line in lines), lines
+
+
+def test_ort_types_follow_this_cpus_flags():
+    activation, weight, reduce_range, why = quantize_static.ort_types()
+    machine = platform.machine().lower()
+    if machine in ("x86_64", "amd64"):
+        has_vnni = bool(cpu.flags() & {"avx512_vnni", "avx_vnni", "amx_int8"})
+        assert (activation, weight) == ("QUInt8", "QInt8")
+        assert reduce_range is (not has_vnni), (cpu.flags(), reduce_range)
+        assert ("without VNNI" in why) is (not has_vnni)
+    # the rule itself, for CPUs this machine is not
+    assert quantize_static.ort_types({"avx2", "fma"}, "x86_64")[2] is True
+    assert quantize_static.ort_types({"avx2", "avx512_vnni"}, "x86_64")[2] is False
+    assert quantize_static.ort_types({"avx2", "avx_vnni"}, "x86_64")[:3] == ("QUInt8", "QInt8", False)
+    assert quantize_static.ort_types(set(), "aarch64")[:3] == ("QInt8", "QInt8", False)
+
+
+def test_transformers_are_told_apart_by_softmax_and_matmul():
+    assert quantize_static.is_transformer(build_bert()) is True
+    assert quantize_static.is_transformer(build_resnet()) is False
+    assert quantize_static.is_transformer(build_matmul()) is False
+
+
+def test_a_failing_quantizer_is_a_clear_load_error_without_traceback(tmp_path):
+    broken = tmp_path / "broken.onnx"
+    model = build_matmul()
+    model.graph.node[0].op_type = "NoSuchOp"
+    onnx.save(model, str(broken))
+    samples = [{"x": np.zeros((1, 64), np.float32)}]
+    with pytest.raises(ModelLoadError, match="quantize_static failed on broken.onnx: .*quantization=dynamic"):
+        quantize_static.quantize("onnxruntime", broken, tmp_path / "o.onnx", samples, print)
+    pytest.importorskip("nncf")
+    good = tmp_path / "mlp.onnx"
+    onnx.save(build_matmul(), str(good))
+    wrong = [{"not_an_input": np.zeros((1, 64), np.float32)}]  # NNCF fails running the model on it
+    with pytest.raises(ModelLoadError, match="NNCF could not quantize mlp.onnx for OpenVINO: .*engine=onnxruntime"):
+        quantize_static.quantize("nncf", good, tmp_path / "o2.onnx", wrong, print)
+    with pytest.raises(ModelLoadError, match="no calibration sample"):
+        quantize_static.quantize("onnxruntime", broken, tmp_path / "o3.onnx", [], print)
