@@ -195,7 +195,7 @@ class Bench:
             self.log(f"bench: {tag}: {missing}")
             return result
         if scenario.precision != "origin":
-            ran = cpu.precision_run(scenario.precision, scenario.engine)
+            ran = cpu.precision_run(scenario.precision, scenario.engine, scenario.quantization)
             result["precision_ran"] = ran.ran
             if ran.note:
                 result["notes"] = "; ".join(filter(None, [result["notes"], ran.note]))

@@ -9,8 +9,9 @@ The ladder, each rung adding one thing to the one before:
   ge_bf16        + engine=openvino, precision_mode=bf16
   ge_int8        + precision_mode=int8 (ONNX Runtime dynamic quantization)
 Side scenarios: ge_openvino (ge_batching on the OpenVINO engine, fp32), ge_delay_2ms (ge_dynamic with a
-2 ms max_queue_delay: the low-concurrency batching-delay trap of docs/tuning.md), and ge_dyn_batching /
-ge_dyn_pinned (the batching and pinned rungs on the dynamic graph).
+2 ms max_queue_delay: the low-concurrency batching-delay trap of docs/tuning.md), ge_dyn_batching /
+ge_dyn_pinned (the batching and pinned rungs on the dynamic graph), and ge_int8_static / ge_openvino_int8
+(ge_pinned with static, calibrated int8: ONNX Runtime's QDQ, and NNCF's QDQ on OpenVINO).
 
 The peer (gebackend.bench.peer; only where Triton's C++ onnxruntime backend is installed, nothing of it is shipped):
   peer           the same model and ONNX file on Triton's onnxruntime backend: 1 instance, no dynamic batching
@@ -57,7 +58,8 @@ class Scenario:
     intra_op_threads: int = 0
     engine: str = engine_registry.DEFAULT
     precision: str = "origin"
-    requires: tuple[str, ...] = ()  # features: "openvino", "precision", "int8", "pinning", "peer"
+    quantization: str = ""  # precision int8: the `quantization` option ("" leaves it to the backend: auto)
+    requires: tuple[str, ...] = ()  # features: "openvino", "precision", "int8", "nncf", "pinning", "peer"
     notes: str = ""
     ensemble: bool = False  # served as the encoder of the model's CN_CLIP ensemble (`NAME+ensemble`)
 
@@ -92,7 +94,15 @@ def _ladder() -> list[Scenario]:
                            preferred_batch_sizes=(2, 4, 8), max_queue_delay_us=100)
     dyn_pinned = replace(dyn_batching, name="ge_dyn_pinned", title="ge dynamic + batching + 2 pinned instances x 1 core",
                          instances=2, cores_per_instance=1, intra_op_threads=1, requires=("pinning",))
-    return [naive, dynamic, static, batching, pinned, bf16, int8, openvino, delay, dyn_batching, dyn_pinned]
+    # Static (calibrated, seeded random samples) int8 beside the ladder's dynamic int8: ONNX Runtime's QDQ, and NNCF's
+    # QDQ run by OpenVINO (which has no dynamic int8)
+    int8_static = replace(int8, name="ge_int8_static", title="ge_pinned + int8 static (onnxruntime QDQ, calibrated)",
+                          quantization="static")
+    openvino_int8 = replace(pinned, name="ge_openvino_int8", title="ge_pinned on OpenVINO + int8 static (NNCF QDQ)",
+                            engine="openvino", precision="int8", quantization="static",
+                            requires=("pinning", "openvino", "precision", "int8", "nncf"))
+    return [naive, dynamic, static, batching, pinned, bf16, int8, openvino, delay, dyn_batching, dyn_pinned,
+            int8_static, openvino_int8]
 
 
 def _peers(batching: Scenario) -> list[Scenario]:
@@ -146,6 +156,10 @@ def feature_missing(feature: str, peer_dir: Path | None = None) -> str | None:
             return "onnxruntime.quantization is not installed"
         if not _source_mentions("quantiz"):
             return "gebackend does not quantize to int8 yet"
+        return None
+    if feature == "nncf":
+        if importlib.util.find_spec("nncf") is None:
+            return "nncf is not installed (OpenVINO's static int8 quantizer)"
         return None
     if feature == "pinning":
         if importlib.util.find_spec("gebackend.runtime.pinning") is None:
@@ -224,6 +238,8 @@ def parameters(model: BenchModel, scenario: Scenario) -> dict[str, str]:
         params["engine"] = scenario.engine
     if scenario.precision != "origin":
         params["precision_mode"] = scenario.precision
+    if scenario.quantization:
+        params["quantization"] = scenario.quantization
     return params
 
 
