@@ -1,7 +1,8 @@
 """Static int8 through the real server: a conv model served with precision_mode=int8 quantization=static on ONNX
 Runtime (calibrated on a folder of .npy) and on OpenVINO (NNCF, seeded random calibration), 2 instances each: the
 outputs stay within int8 tolerance of fp32, the model is quantized once and the second instance reuses the cached
-file; a bad calibration folder fails that model's load with a clear message while the others serve."""
+file; a bad calibration folder fails that model's load with a clear message while the others serve. And
+precision_mode=auto with engine=auto: the log says what this CPU got (engines/auto_choice.py), the answers stay close."""
 
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ MODELS = {
                               calibration_data="calib", calibration_samples="16"),
     "int8_ov": BASE + params(precision_mode="int8", quantization="static", engine="openvino", calibration_samples="16"),
     "int8_bad": BASE + params(precision_mode="int8", quantization="static", calibration_data="calib"),
+    "auto": 'backend: "ge"\nmax_batch_size: 4\n' + params(precision_mode="auto", engine="auto"),
 }
 
 
@@ -86,3 +88,16 @@ def test_bad_calibration_folder_fails_only_that_model(int8_server):
     _, client = client_for(server, "http")
     assert client.is_model_ready("int8_ort") and client.is_model_ready("int8_ov")
     assert not client.is_model_ready("int8_bad")
+
+
+def test_auto_says_what_this_cpu_got_and_serves_close_to_fp32(int8_server):
+    from gebackend.engines import auto_choice, cpu
+    from gebackend.engines.openvino import openvino_capabilities
+
+    server, repo = int8_server
+    expected = auto_choice.resolve("auto", "auto", repo / "auto" / "1" / "model.onnx", cpu.flags(), openvino_capabilities)
+    said = re.findall(r"model 'auto': (precision_mode=auto -> [^\n\x22]*)", server.output())
+    assert said == [expected.why], server.output()[-4000:]
+    feeds = {"image": np.random.default_rng(7).standard_normal((2, 3, IMAGE, IMAGE)).astype(np.float32)}
+    cosine = compare("logits", reference(repo, "auto", feeds)["logits"], infer(server, "http", "auto", feeds).as_numpy("logits")).cosine
+    assert cosine >= auto_choice.AUTO_MIN_COSINE

@@ -53,7 +53,10 @@ class EngineChoice:
     compile/calibration.py)."""
 
     engine: str = registry.DEFAULT  # a name in engines/registry.py, or "auto" (what is installed and fastest here)
-    precision_mode: str = "origin"  # "origin" (exact, as given) | "fp16" | "bf16" | "int8"
+    precision_mode: str = "origin"  # "origin" (exact, as given) | "fp16" | "bf16" | "int8" | "auto" (engines/auto_choice.py)
+    # a lowered model (int8, fp16) whose cosine similarity to fp32 on the accuracy check is below this is not served:
+    # fp32 is, and the log says so. 0: only a warning below 0.99; precision_mode=auto: 0.99 unless set
+    precision_min_cosine: float = 0.0
     # precision_mode=int8 (compile/precision.py, compile/quantize_static.py): "dynamic" (ONNX Runtime, no calibration),
     # "static" (calibrated QDQ: ONNX Runtime's quantize_static, or NNCF for engine=openvino), or "auto": static when
     # calibration_data is set or the engine has no dynamic int8 (OpenVINO), else dynamic

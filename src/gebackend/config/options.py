@@ -63,6 +63,13 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _cosine_bound(text: str) -> float:
+    value = float(text.strip())
+    if not 0 <= value <= 1:
+        raise ValueError("expected a cosine similarity between 0 and 1")
+    return value
+
+
 def _non_negative_seconds(text: str) -> float:
     value = float(text.strip())
     if not value >= 0:  # also refuses nan
@@ -96,6 +103,7 @@ _PRECISIONS = {
     "fp16": "fp16", "mixed_float16": "fp16", "cube_fp16in_fp32out": "fp16",
     "bf16": "bf16", "mixed_bf16": "bf16",
     "int8": "int8",
+    "auto": "auto",  # the fastest this CPU runs natively, guarded by accuracy (engines/auto_choice.py)
 }
 
 
@@ -185,6 +193,7 @@ _KEYS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "quantization": ("quantization", _choice({"auto": "auto", "dynamic": "dynamic", "static": "static"})),
     "calibration_data": ("calibration_data", str.strip),
     "calibration_samples": ("calibration_samples", _positive_int),
+    "precision_min_cosine": ("precision_min_cosine", _cosine_bound),
 }
 # ge-backend's family keys with an equivalent (config/ge_keys.py) parse like the key they stand for;
 # precision_mode_v1 is GE's ge.exec.precision_mode, whose values differ from precision_mode_v2's.

@@ -13,13 +13,14 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Protocol, Sequence
+from typing import Any, Callable, Mapping, Protocol, Sequence
 
 import numpy as np
 
 from gebackend.config.io_names import aliased_model
 from gebackend.config.model_file import find_model_file
 from gebackend.config.onnx_signature import read_signature
+from gebackend.config.option_groups import BackendOptions
 from gebackend.config.option_report import load_report
 from gebackend.config.options import ParsedOptions, global_options_from_env, model_parameters, parse_options
 from gebackend.config.spec import ModelSpec, build_model_spec
@@ -91,6 +92,7 @@ class ModelInstance:
         in_repository = path  # caches (TensorRT's engines) are kept beside this file, not beside a temporary copy
         path = aliased_model(config, path, say, server_temp_parent())  # npu_ge: names paired by position
         options, ledger = _pin(name, instance, config, parsed.options, log) if pin else (parsed.options, None)
+        options = _resolve_auto(options, path, say)
         spec = build_model_spec(config, read_signature(path), path, options)
         providers = select_providers(spec, instance.kind, instance.device_id, model_path=in_repository,
                                      instance_index=_instance_index(name, instance, config))
@@ -182,6 +184,26 @@ def _pin(name: str, instance: InstanceInfo, config: Mapping[str, Any], options, 
                f"inter_op_threads={pinned.session.inter_op_thread_count} allow_spinning={pinned.session.allow_spinning}")
     (log.warn if plan.note or notes else log.info)(f"gebackend: model '{name}': {'; '.join([message, *notes])}")
     return pinned, ledger
+
+
+def _resolve_auto(options: BackendOptions, path: Path, say: Callable[[str], None]) -> BackendOptions:
+    """`engine=auto` / `precision_mode=auto` made concrete for this model on this CPU (engines/auto_choice.py)."""
+    choice = options.engines
+    if "auto" not in (choice.engine, choice.precision_mode):
+        return options
+    from gebackend.engines import auto_choice, cpu
+
+    def openvino_capabilities():  # imported only where OpenVINO is installed and asked
+        from gebackend.engines.openvino import openvino_capabilities
+
+        return openvino_capabilities()
+
+    chosen = auto_choice.resolve(choice.engine, choice.precision_mode, path, cpu.flags(), openvino_capabilities)
+    say(chosen.why)
+    changes = {"engine": chosen.engine, "precision_mode": chosen.precision_mode}
+    if choice.precision_mode == "auto" and not choice.precision_min_cosine:
+        changes["precision_min_cosine"] = auto_choice.AUTO_MIN_COSINE
+    return options.replace(**changes)
 
 
 def _instance_index(name: str, instance: InstanceInfo, config: Mapping[str, Any]) -> int:

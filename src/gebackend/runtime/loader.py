@@ -45,6 +45,7 @@ def _lower(spec: ModelSpec, engine_kind, log: Callable[[str], None]) -> tuple[Mo
     from gebackend.engines.cpu import precision_run
 
     mode = spec.options.engines.precision_mode
+    guard = spec.options.engines.precision_min_cosine
     shapes = spec.static_shapes[0] if spec.static else None
     lowered = lowered_model(spec.name, spec.path, spec.options.engines, engine_kind, spec.batching, shapes, log)
     ran = precision_run(mode, engine_kind.name, lowered.quantization)
@@ -56,15 +57,27 @@ def _lower(spec: ModelSpec, engine_kind, log: Callable[[str], None]) -> tuple[Mo
         report = accuracy_report(spec.path, lowered.path, feeds)
     except GeBackendError as exc:
         log(f"precision {mode}: no accuracy check: {exc}")
+        if guard:
+            return _fp32(spec, log, f"precision_min_cosine={guard} cannot be checked")
         return dataclasses.replace(spec, path=lowered.path), f"precision {label} (accuracy not checked), "
     for number, line in enumerate(report.format_text().splitlines()):
         if number == 0 and lowered.check_feeds is not None:  # the report names its usual input
             line = line.replace("seeded random input", "the first calibration sample").replace(", seed 0)", ")")
         log(f"precision {mode} vs fp32: {line}" if number == 0 else line)
+    if guard and not report.cosine >= guard:
+        return _fp32(spec, log, f"cosine similarity {report.cosine:.6f} to fp32 is below precision_min_cosine={guard}")
     if not report.cosine >= 0.99:
         log(f"precision {mode}: WARNING cosine similarity {report.cosine:.4f} to fp32 is below 0.99; "
             f"check the outputs or use precision_mode=origin")
     return dataclasses.replace(spec, path=lowered.path), f"precision {label} (cosine {report.cosine:.6f} to fp32), "
+
+
+def _fp32(spec: ModelSpec, log: Callable[[str], None], why: str) -> tuple[ModelSpec, str]:
+    """The accuracy guard refused the lowered model: the spec serving the original file at fp32."""
+    mode = spec.options.engines.precision_mode
+    log(f"precision {mode}: not served: {why}; serving fp32 (precision_mode=origin) instead")
+    return dataclasses.replace(spec, options=spec.options.replace(precision_mode="origin")), \
+        f"precision origin ({mode} refused by the accuracy guard), "
 
 
 def _build(spec: ModelSpec, providers: Sequence, log: Callable[[str], None]) -> tuple[Executor, str]:

@@ -1,0 +1,100 @@
+"""What `precision_mode=auto` and `engine=auto` become for one model on this CPU, and why (said in the load log).
+
+`precision_mode=auto` asks for the fastest precision this CPU runs natively, guarded by accuracy:
+
+* bf16 where the engine can run it natively: OpenVINO reporting `BF16` in its CPU plugin's
+  OPTIMIZATION_CAPABILITIES (AVX512-BF16 or AMX; never on an AVX2-only CPU, which reports `FP32, INT8`);
+* else int8 on an x86 CPU with AVX2 (VNNI makes it faster; without it int8 still beat fp32 on the bench models:
+  ONNX Runtime's dynamic int8 1.75x the peer on the CN_CLIP text encoder, NNCF's int8 1.98x f32 on ResNet-50, both
+  on an AVX2-only AMD);
+* else origin (fp32).
+
+An automatic lossy precision comes with a guard: the loader compares the lowered model with fp32 on the accuracy
+check's input (compile/accuracy.py) and serves fp32 instead when the cosine similarity is below
+`AUTO_MIN_COSINE` (the `precision_min_cosine` option sets another bound, for explicit precisions too).
+
+`engine=auto` (registry.auto for an explicit precision) and, for int8, by what the model is made of: a model whose
+weighted ops are mostly convolutions runs on OpenVINO (NNCF's static int8: ONNX Runtime's dynamic int8 quantizes
+only MatMul/Gemm and leaves convolutions in fp32), one of mostly MatMul/Gemm on ONNX Runtime (dynamic int8, no
+calibration needed).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterable
+
+from gebackend.engines import registry
+
+AUTO_MIN_COSINE = 0.99
+_CONV_OPS = ("Conv", "ConvTranspose")
+_MATMUL_OPS = ("MatMul", "Gemm")
+
+
+@dataclass(frozen=True)
+class Choice:
+    engine: str
+    precision_mode: str
+    why: str  # one line for the load log; empty when nothing was automatic
+
+
+def auto_precision(engine: str, cpu_flags: Iterable[str], openvino_capabilities: Callable[[], Iterable[str]]) -> tuple[str, str]:
+    """The precision `precision_mode=auto` runs on `engine` ("auto": either engine), and why."""
+    flags = frozenset(cpu_flags)
+    may_openvino = engine in ("auto", "openvino") and registry.installed("openvino")
+    if may_openvino:
+        capabilities = tuple(openvino_capabilities())
+        if "BF16" in capabilities:
+            return "bf16", f"OpenVINO's CPU plugin reports BF16 ({', '.join(capabilities)})"
+    if "avx2" in flags:
+        vnni = sorted(flags & {"avx512_vnni", "avx_vnni", "amx_int8"})
+        where = "no native bf16 here" if may_openvino else f"{engine} runs no bf16 on the CPU here"
+        return "int8", f"{where}; int8 with " + ("/".join(vnni) if vnni else "AVX2 kernels (no VNNI)")
+    return "origin", "this CPU has no AVX2 and no native bf16: exact fp32"
+
+
+def weighted_op_counts(path: Path) -> tuple[int, int]:
+    """(convolutions, matmuls/gemms) with a constant weight input in the ONNX file at `path`."""
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+    constants = {init.name for init in model.graph.initializer}
+    constants |= {out for node in model.graph.node if node.op_type == "Constant" for out in node.output}
+    convs = matmuls = 0
+    for node in model.graph.node:
+        if any(name in constants for name in node.input[1:2]):
+            convs += node.op_type in _CONV_OPS
+            matmuls += node.op_type in _MATMUL_OPS
+    return convs, matmuls
+
+
+def auto_engine(precision_mode: str, path: Path | None) -> tuple[str, str]:
+    """The engine `engine=auto` runs `precision_mode` on for the model at `path`, and why."""
+    if precision_mode != "int8" or path is None:
+        chosen = registry.auto(precision_mode)
+        return chosen, ("OpenVINO runs bf16/fp16 natively" if chosen == "openvino" else "")
+    convs, matmuls = weighted_op_counts(path)
+    if convs > matmuls and registry.installed("openvino") and _nncf_installed():
+        return "openvino", f"int8 on a convolution model ({convs} Conv vs {matmuls} MatMul/Gemm): NNCF's static int8"
+    return registry.DEFAULT, (f"int8 on a MatMul model ({matmuls} MatMul/Gemm vs {convs} Conv): ONNX Runtime's "
+                              "dynamic int8" if matmuls >= convs else "int8: OpenVINO/NNCF are not installed")
+
+
+def _nncf_installed() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("nncf") is not None
+
+
+def resolve(engine: str, precision_mode: str, path: Path | None, cpu_flags: Iterable[str],
+            openvino_capabilities: Callable[[], Iterable[str]]) -> Choice:
+    """The concrete engine and precision for the options as written (either may be "auto")."""
+    reasons = []
+    if precision_mode == "auto":
+        precision_mode, why = auto_precision(engine, cpu_flags, openvino_capabilities)
+        reasons.append(f"precision_mode=auto -> {precision_mode} ({why})")
+    if engine == "auto":
+        engine, why = auto_engine(precision_mode, path)
+        reasons.append(f"engine=auto -> {engine}" + (f" ({why})" if why else ""))
+    return Choice(engine, precision_mode, "; ".join(reasons))

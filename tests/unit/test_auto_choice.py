@@ -1,0 +1,122 @@
+"""engines/auto_choice: what precision_mode=auto and engine=auto become, by CPU flags, OpenVINO's capabilities and the
+model; and the accuracy guard that serves fp32 when a lowered model is too far from it (runtime/loader.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+
+from gebackend.engines import auto_choice, cpu, registry
+from gebackend.modelzoo import build_bert, build_resnet
+from gebackend.runtime.instance import InstanceInfo, ModelInstance
+from tests.unit.test_instance import Log
+
+AVX2 = {"avx2", "fma"}
+VNNI = AVX2 | {"avx512f", "avx512_vnni"}
+AMX = VNNI | {"avx512_bf16", "amx_bf16", "amx_int8"}
+OPENVINO = registry.installed("openvino")
+
+
+def _caps(*names):
+    return lambda: names
+
+
+@pytest.mark.skipif(not OPENVINO, reason="openvino is not installed")
+def test_bf16_only_where_openvino_reports_it():
+    assert auto_choice.auto_precision("auto", AMX, _caps("FP32", "BF16", "INT8"))[0] == "bf16"
+    # an AVX2-only CPU: OpenVINO reports FP32, INT8 (the AMD machines) -> int8, and the reason says no VNNI
+    precision, why = auto_choice.auto_precision("auto", AVX2, _caps("FP32", "INT8"))
+    assert precision == "int8" and "no VNNI" in why
+
+
+def test_int8_where_there_is_no_native_bf16_and_fp32_without_avx2():
+    assert auto_choice.auto_precision("onnxruntime", AMX, _caps("FP32", "BF16"))[0] == "int8"  # ORT has no bf16
+    precision, why = auto_choice.auto_precision("onnxruntime", VNNI, _caps())
+    assert precision == "int8" and "avx512_vnni" in why
+    assert auto_choice.auto_precision("onnxruntime", {"sse4_2"}, _caps())[0] == "origin"
+
+
+def test_int8_engine_follows_what_the_model_is_made_of(tmp_path):
+    resnet, bert = tmp_path / "resnet.onnx", tmp_path / "bert.onnx"
+    onnx.save(build_resnet(), str(resnet))
+    onnx.save(build_bert(), str(bert))
+    convs, matmuls = auto_choice.weighted_op_counts(resnet)
+    assert convs > matmuls
+    assert auto_choice.weighted_op_counts(bert)[1] > auto_choice.weighted_op_counts(bert)[0]
+    assert auto_choice.auto_engine("int8", bert)[0] == "onnxruntime"
+    engine, why = auto_choice.auto_engine("int8", resnet)
+    if OPENVINO and auto_choice._nncf_installed():
+        assert engine == "openvino" and "NNCF" in why
+    else:
+        assert engine == "onnxruntime"
+    assert auto_choice.auto_engine("origin", resnet)[0] == registry.DEFAULT
+
+
+def test_resolve_says_what_it_chose_and_leaves_explicit_choices_alone(tmp_path):
+    path = tmp_path / "bert.onnx"
+    onnx.save(build_bert(), str(path))
+    explicit = auto_choice.resolve("onnxruntime", "origin", path, AMX, _caps("BF16"))
+    assert (explicit.engine, explicit.precision_mode, explicit.why) == ("onnxruntime", "origin", "")
+    chosen = auto_choice.resolve("auto", "auto", path, AVX2, _caps("FP32", "INT8"))
+    assert (chosen.engine, chosen.precision_mode) == ("onnxruntime", "int8")
+    assert "precision_mode=auto -> int8" in chosen.why and "engine=auto -> onnxruntime" in chosen.why
+
+
+def _config(name: str, **params: str) -> dict:
+    return {"name": name, "backend": "ge", "max_batch_size": 8,
+            "parameters": {k: {"string_value": v} for k, v in params.items()}}
+
+
+@pytest.fixture
+def bert_dir(tmp_path):
+    folder = tmp_path / "bert" / "1"
+    folder.mkdir(parents=True)
+    onnx.save(build_bert(), str(folder / "model.onnx"))
+    return folder
+
+
+def _run(instance, version_dir):
+    feeds = {"input_ids": np.arange(16, dtype=np.int64).reshape(1, 16) % 50,
+             "attention_mask": np.ones((1, 16), np.int64)}
+    got = instance.execute([feeds])[0]
+    session = ort.InferenceSession(str(version_dir / "model.onnx"), providers=["CPUExecutionProvider"])
+    names = [o.name for o in session.get_outputs()]
+    return got, dict(zip(names, session.run(names, feeds)))
+
+
+def test_auto_on_this_cpu_serves_what_it_says_within_the_guard(bert_dir):
+    log = Log()
+    instance = ModelInstance.load(_config("bert", precision_mode="auto", engine="auto"), bert_dir,
+                                  InstanceInfo("bert_0_0"), log, pin=False)
+    try:
+        said = [m for _, m in log.lines if "precision_mode=auto ->" in m]
+        assert len(said) == 1
+        expected = auto_choice.resolve("auto", "auto", bert_dir / "model.onnx", cpu.flags(),
+                                       lambda: __import__("gebackend.engines.openvino", fromlist=["_"]).openvino_capabilities())
+        assert f"precision_mode=auto -> {expected.precision_mode}" in said[0]
+        assert instance.spec.options.engines.engine == expected.engine
+        got, want = _run(instance, bert_dir)
+        for name, value in want.items():
+            a, b = got[name].ravel().astype(np.float64), value.ravel().astype(np.float64)
+            assert a @ b / (np.linalg.norm(a) * np.linalg.norm(b)) >= auto_choice.AUTO_MIN_COSINE
+    finally:
+        instance.close()
+
+
+def test_the_guard_serves_fp32_when_the_lowered_model_is_too_far(bert_dir):
+    log = Log()
+    # no int8 model reaches cosine 1.0 to fp32 exactly: the guard must refuse it and serve the original file
+    instance = ModelInstance.load(_config("bert", precision_mode="int8", precision_min_cosine="1.0"), bert_dir,
+                                  InstanceInfo("bert_0_0"), log, pin=False)
+    try:
+        refused = [m for _, m in log.lines if "not served" in m]
+        assert len(refused) == 1 and "precision_min_cosine=1.0" in refused[0] and "serving fp32" in refused[0]
+        assert instance.executor.spec.options.engines.precision_mode == "origin"
+        assert "accuracy guard" in instance.how
+        got, want = _run(instance, bert_dir)
+        for name, value in want.items():
+            np.testing.assert_allclose(got[name], value, rtol=1e-5, atol=1e-5)  # exact fp32, not int8
+    finally:
+        instance.close()
