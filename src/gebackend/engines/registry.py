@@ -31,7 +31,7 @@ ALIASES = {"ort": "onnxruntime"}  # other spellings of an engine's name
 # engine=auto, as measured on x86 CPUs: OpenVINO for bf16/fp16 (ONNX Runtime's CPU provider has no bf16 path, and
 # OpenVINO's is 2.3-5.9x faster than its f32 on ResNet-style models); the default for exact fp32 and int8
 # (OpenVINO f32 is slower than ONNX Runtime on small models and only 1.1-1.5x faster on large ones) and whenever
-# the preferred engine is not installed.
+# the preferred engine is not installed. For int8, engine=auto also looks at the model (engines/auto_choice.py).
 _AUTO = (("openvino", ("bf16", "fp16")),)
 
 
