@@ -1,9 +1,18 @@
-"""Folding pass: constant folding, dead-node elimination and shape inference through onnxslim, quietly.
+"""Folding pass: constant folding, unused-node removal and shape inference through onnxslim, quietly.
 
-onnxslim's graph fusion, common-subexpression elimination and weight tying are skipped, so graph
-input/output names and the initializers the pass did not fold away keep their names and their uses:
-callers share weights across several specialised copies by initializer name. Graph inputs onnxslim drops
-as unused are put back.
+onnxslim's graph fusion, dead-node elimination, common-subexpression elimination and weight tying are
+skipped, so graph input/output names and the initializers the pass did not fold away keep their names and
+their uses: callers share weights across several specialised copies by initializer name. Graph inputs
+onnxslim drops as unused are put back.
+
+Dead-node elimination is skipped because it costs the engine its fusions: it erases a `Mul` by a weight of
+ones and an `Add` of a weight of zeros, which is exactly a LayerNorm's gamma/beta and a Linear's bias in a
+freshly initialised export (the CN_CLIP text files in bench/models: one shared all-ones gamma, all-zeros
+beta and biases). ONNX Runtime's LayerNormFusion needs the Mul and Add, BiasGelu/MatMul+Add fusion the
+bias Add: on the 4-layer CN_CLIP text encoder the folded graph lost all 9 LayerNormalization and 4
+BiasGelu fusions (9 LayerNorms ran as 7 separate ops each), which made static slower than dynamic. The rest of
+what it removes (Identity, Dropout, no-op Cast/Reshape/Transpose/Slice) ONNX Runtime and OpenVINO remove
+themselves when they build the graph.
 """
 
 from __future__ import annotations
@@ -17,9 +26,10 @@ import onnx
 from gebackend.compile import upgrade
 from gebackend.compile.graph_pass import GraphPass, PassContext, PassSkipped, reason
 
-# Fusion invents (custom) op types; common-subexpression elimination merges nodes whose weights are equal
-# by value (dropping one of two equal initializers); weight tying renames shared initializers.
-_SKIP = ["graph_fusion", "subexpression_elimination", "weight_tying"]
+# Fusion invents (custom) op types; dead-node elimination erases the Mul-by-ones/Add-of-zeros the engines' own
+# fusions match (see above); common-subexpression elimination merges nodes whose weights are equal by value
+# (dropping one of two equal initializers); weight tying renames shared initializers.
+_SKIP = ["graph_fusion", "dead_node_elimination", "subexpression_elimination", "weight_tying"]
 
 
 @contextlib.contextmanager

@@ -345,6 +345,16 @@ class OrtStaticEngine(StaticEngine):
     def shared_weight_bytes(self) -> int:
         return sum(array.nbytes for array, _ in self._shared.values())
 
+    def _describe_sharing(self, buckets: int) -> str:
+        """What the load decided about the weights: held once and shared, and whether ORT still prepacks them.
+
+        ONNX Runtime prepacks a shared (user-added) initializer per session like any other constant (measured:
+        each bucket's RSS grows by the MatMul weights' size, and disable_prepacking removes that growth and
+        slows MatMul down), so sharing costs no prepacking: the packed copies are per bucket, the originals once."""
+        prepack = "prepacking off: disable_prepacking=1" if self._options.session.disable_prepacking else "prepacking kept"
+        return (f"weights held once and shared across {buckets} bucket(s) "
+                f"({self.shared_weight_bytes / 2**20:.1f} MiB, {prepack})")
+
     def describe(self) -> str:
         o = self._options.session
         buckets = list(self._swap.serving.values())
@@ -353,7 +363,7 @@ class OrtStaticEngine(StaticEngine):
         refused = f" (refused: {'; '.join(self._refused)})" if self._refused else ""
         return (
             f"onnxruntime {ort.__version__} static graph: {len(buckets)} compiled shape(s), "
-            f"providers={buckets[0].session.get_providers()}, weights held once ({self.shared_weight_bytes / 2**20:.1f} MiB), "
+            f"providers={buckets[0].session.get_providers()}, {self._describe_sharing(len(buckets))}, "
             f"IOBinding on {self.device}, {self._selection.kind.capture_label}={capture}{refused}, "
             f"intra_op_threads={o.intra_op_thread_count or 'default'}{describe_tuning(o, self._disabled)}"
             f"{describe_provider(self._selection)}"
