@@ -264,8 +264,11 @@ def accuracy(ceiling: Ceiling, model_path: Path, feeds: Mapping[str, np.ndarray]
     session = open_session(model_path, None)  # onnxruntime's defaults, errors only in the log
     names = [o.name for o in session.get_outputs()]
     reference = dict(zip(names, session.run(names, dict(feeds))))
-    got = ceiling.instances_here[0].execute([{k: v[i:i + 1] for k, v in feeds.items()}
-                                        for i in range(next(iter(feeds.values())).shape[0])])
+    if ceiling.spec.max_batch_size > 0:  # one request per row of the batch
+        requests = [{k: v[i:i + 1] for k, v in feeds.items()} for i in range(next(iter(feeds.values())).shape[0])]
+    else:  # a model without batching: the feeds are one request
+        requests = [dict(feeds)]
+    got = ceiling.instances_here[0].execute(requests)
     worst_cos, worst_diff = 1.0, 0.0
     for name in names:
         if any(isinstance(r, BaseException) for r in got):
