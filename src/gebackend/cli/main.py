@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from gebackend import __version__
-from gebackend.cli import analyze, bench, profile, serve
+from gebackend.cli import analyze, bench, profile, serve, tune
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -17,6 +17,7 @@ def build_parser() -> argparse.ArgumentParser:
     analyze.add_parser(subparsers)
     profile.add_parser(subparsers)
     bench.add_parser(subparsers)
+    tune.add_parser(subparsers)
     return parser
 
 

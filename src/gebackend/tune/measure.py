@@ -1,0 +1,115 @@
+"""The real measurements of `gebackend tune`, made with the bench's machinery (gebackend.bench):
+
+- each candidate's repository is laid out by `scenarios.write_repository` (config.pbtxt + a link to the ONNX
+  file) under OUT/repos/<key>/, its config.pbtxt then replaced by config_writer's (the file the winner gets);
+- it is served by `Bench.serve` (`gebackend serve` on free ports, failed loads reported with the server's
+  reason; the peer's backend laid out beside ours), its log in OUT/logs/<key>.serve.log;
+- perf_analyzer is `perf_analyzer.run` at the one concurrency tuned for (gRPC, batch 1, the same valid input
+  for every request, its unstable-retry), its CSV and logs under OUT/perf/<key>/;
+- the accuracy guard is the bench's in-process check (`inprocess.Ceiling` + `inprocess.accuracy`: the
+  candidate's engine and precision loaded as the backend loads them, cosine to a plain fp32 ONNX Runtime
+  session on 4 random inputs).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import Callable
+
+from gebackend.bench import inprocess, perf_analyzer, scenarios
+from gebackend.bench.runner import Bench, BenchSettings
+from gebackend.tune import config_writer
+from gebackend.tune.search import Measurement, MeasureFailed
+from gebackend.tune.space import Candidate, PrecisionRung, TunedModel, make_candidate
+
+# perf_analyzer's own stability loop (3 windows within s%) is loosened to 100 %: on a noisy machine it rarely
+# settles at 20-30 % and retries for tens of seconds; the tuner's noise answer is its interleaved rounds instead.
+SCREEN = perf_analyzer.PerfSettings(measurement_interval_ms=1500, stability_percentage=100, max_trials=3, timeout_s=180)
+REFINE = perf_analyzer.PerfSettings(measurement_interval_ms=3000, stability_percentage=100, max_trials=3, timeout_s=240)
+QUICK_SCREEN = perf_analyzer.PerfSettings(measurement_interval_ms=800, stability_percentage=100, max_trials=3, timeout_s=90)
+QUICK_REFINE = perf_analyzer.PerfSettings(measurement_interval_ms=1500, stability_percentage=100, max_trials=3, timeout_s=90)
+
+
+def random_feeds(model: TunedModel, batch: int = 1, seed: int = 0):
+    """Valid random inputs (token ids within their embedding tables: compile.accuracy.random_feeds)."""
+    from gebackend.compile.accuracy import random_feeds as feeds
+
+    shapes = {}
+    for t in model.inputs:
+        dims = model.request_dims(t)
+        shapes[t.name] = ((batch, *dims[1:]) if model.max_batch_size > 0 else dims)
+    return feeds(model.onnx_path, shapes, seed=seed)
+
+
+class Served:
+    def __init__(self, cand: Candidate, server, work: Path):
+        self.candidate, self.server, self.work, self.count = cand, server, work, 0
+
+
+class BenchMeasurer:
+    def __init__(self, model: TunedModel, out: Path, concurrency: int, quick: bool = False, peer=None,
+                 log: Callable[[str], None] = lambda line: None, startup_timeout: float = 600):
+        self.model, self.out, self.concurrency, self.peer, self.log = model, Path(out), concurrency, peer, log
+        self.phases = {"screen": QUICK_SCREEN if quick else SCREEN, "refine": QUICK_REFINE if quick else REFINE}
+        self.bench = Bench(BenchSettings(out=self.out, startup_timeout=startup_timeout), log=log)
+        self.bench.dir = self.out  # the bench's logs/ and layout, directly in the tune folder
+        (self.out / "logs").mkdir(parents=True, exist_ok=True)
+        self.binary = perf_analyzer.find_perf_analyzer()
+        self.input_data = perf_analyzer.write_input_data(self.out / "inputs.json", random_feeds(model))
+        self.configs: dict[str, str] = {}
+
+    def repository(self, cand: Candidate) -> Path:
+        root = self.out / "repos" / cand.key
+        scenarios.write_repository(root, self.model.bench_model(), cand.scenario, self.model.onnx_path)
+        text = config_writer.config_text(self.model, cand, header=[f"gebackend tune candidate {cand.key}: {cand.label}"])
+        (root / self.model.name / "config.pbtxt").write_text(text)
+        self.configs[cand.key] = text
+        return root
+
+    def accuracy(self, engine: str, rung: PrecisionRung) -> float:
+        cand = make_candidate(engine, rung, False, (1, 0), 0 if self.model.max_batch_size else None,
+                              self.model.max_batch_size, 0)
+        cand = replace(cand, key=f"accuracy-{cand.key}")
+        root = self.repository(cand)
+        try:
+            ceiling = inprocess.Ceiling(root / self.model.name, self.log)
+        except Exception as exc:  # noqa: BLE001 - the reason is the rung's status
+            raise MeasureFailed(f"{type(exc).__name__}: {exc}") from None
+        try:
+            return float(inprocess.accuracy(ceiling, self.model.onnx_path, random_feeds(self.model, 4, seed=1))["cosine"])
+        except Exception as exc:  # noqa: BLE001
+            raise MeasureFailed(f"{type(exc).__name__}: {exc}") from None
+        finally:
+            ceiling.close()
+
+    def start(self, cand: Candidate, timeout_s: float = 600) -> Served:
+        if cand.kind == "peer" and self.peer is None:
+            raise MeasureFailed("no onnxruntime backend")
+        repo = self.repository(cand)
+        result: dict = {}
+        on_peer = cand.kind == "peer" or (cand.kind == "baseline" and self.model.backend not in ("ge", "npu_ge"))
+        extra = self.peer.extra_backends if on_peer and self.peer is not None else None
+        self.bench.settings = replace(self.bench.settings, startup_timeout=timeout_s)
+        srv = self.bench.serve(repo, cand.key, result, [self.model.name], extra_backends=extra)
+        if srv is None:
+            raise MeasureFailed(result.get("reason", "did not start"))
+        work = self.out / "perf" / cand.key
+        work.mkdir(parents=True, exist_ok=True)
+        return Served(cand, srv, work)
+
+    def measure(self, handle: Served, phase: str) -> Measurement:
+        handle.count += 1
+        work = handle.work / f"{phase}{handle.count}"
+        work.mkdir(parents=True, exist_ok=True)
+        perf = perf_analyzer.run(self.binary, self.model.name, handle.server.grpc_url, [self.concurrency], work,
+                                 self.phases[phase], input_data=self.input_data, log=self.log)
+        (work / "perf.csv").write_text(perf.csv_text)
+        if not perf.rows:
+            raise MeasureFailed("perf_analyzer measured nothing: " + "; ".join(perf.failures))
+        row = perf.rows[0]
+        notes = "unstable (measured with -s 1000, 2x windows)" if perf.unstable else ""
+        return Measurement(row.throughput, row.p50_us / 1000, row.p99_us / 1000, notes)
+
+    def stop(self, handle: Served) -> None:
+        handle.server.stop()

@@ -1,0 +1,139 @@
+"""What `gebackend tune` writes besides the winner's config.pbtxt: report.json, report.md and tune.png.
+
+Every candidate is a row, whatever became of it: its config in words, throughput, p50 and p99 (medians over the
+refining rounds where it was a finalist, else its screening window), the spread of the rounds, its cosine to
+fp32, its status ("winner", "ok", "rejected: cosine X < Y", "pruned: ...", "over budget: ...", "skipped: time
+budget", "failed: ..."), and its throughput over the baseline's (your config) and over the onnxruntime backend's
+where measured. The report names the CPU (gebackend.bench.runner.machine()).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Mapping, Sequence
+
+from gebackend.tune.search import Outcome, Search
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a and b else None
+
+
+def row(o: Outcome, baseline: Outcome | None, peer: Outcome | None) -> dict:
+    c = o.candidate
+    return {
+        "key": c.key, "kind": c.kind, "label": c.label, "choices": {k: v for k, v in c.choices().items()},
+        "status": o.status, "throughput": o.throughput, "p50_ms": o.p50_ms, "p99_ms": o.p99_ms,
+        "spread": o.spread, "rounds": len(o.rounds), "cosine": o.cosine, "startup_s": o.startup_s,
+        "screen": None if o.screen is None else vars(o.screen),
+        "round_measurements": [vars(m) for m in o.rounds],
+        "x_baseline": _ratio(o.throughput, baseline.throughput if baseline else None),
+        "x_onnxruntime_backend": _ratio(o.throughput, peer.throughput if peer else None),
+    }
+
+
+def summary(search: Search, meta: Mapping, reasons: Mapping[str, str], config_text: str | None) -> dict:
+    baseline, peer = search.reference("baseline"), search.reference("peer")
+    return {
+        "meta": dict(meta, notes=list(search.notes), interrupted=search.interrupted),
+        "winner": search.winner.candidate.key if search.winner else None,
+        "reasons": dict(reasons),
+        "references": [row(o, baseline, peer) for o in search.references],
+        "candidates": [row(o, baseline, peer) for o in search.outcomes],
+        "config": config_text,
+    }
+
+
+def _fmt(value, spec: str, suffix: str = "") -> str:
+    return "–" if value is None else f"{value:{spec}}{suffix}"
+
+
+def markdown(data: Mapping) -> str:
+    meta = data["meta"]
+    out = [f"# gebackend tune — {meta.get('model')} — {meta.get('started')}", "",
+           f"- machine: {meta.get('machine')}",
+           f"- model folder: {meta.get('model_dir')}; concurrency {meta.get('concurrency')} (batch 1 per request, gRPC)",
+           f"- time budget {meta.get('time_budget_s', 0) / 60:g} min, used {meta.get('duration_s', 0):.0f} s; "
+           f"min cosine {meta.get('min_cosine')}; latency budget "
+           + (f"p99 ≤ {meta['latency_budget_ms']:g} ms" if meta.get("latency_budget_ms") else "none"),
+           f"- perf_analyzer windows: screening {meta.get('screen')}, refining {meta.get('refine')}"]
+    out += [f"- {note}" for note in meta.get("notes") or []]
+    winner = next((r for r in data["candidates"] if r["key"] == data.get("winner")), None)
+    out.append("")
+    if winner:
+        out += [f"**Winner: {winner['label']}** — {_fmt(winner['throughput'], '.1f')} infer/s, p99 "
+                f"{_fmt(winner['p99_ms'], '.2f')} ms, {_fmt(winner['x_baseline'], '.2f', 'x')} your config"
+                + (f", {_fmt(winner['x_onnxruntime_backend'], '.2f', 'x')} the onnxruntime backend"
+                   if winner.get("x_onnxruntime_backend") else "") + ".", ""]
+        if winner["x_baseline"] is not None and winner["x_baseline"] < 1:
+            out += ["Your config measured faster than every candidate: keep it (`--apply` leaves it).", ""]
+        out += ["Why each choice (the winner over the best candidate measured with the other value):", ""]
+        out += [f"- {dim}: {text}" for dim, text in data.get("reasons", {}).items()]
+        out.append("")
+    else:
+        out += ["**No winner**: no candidate was measured within the budgets.", ""]
+    out += ["Throughput in inferences/s and latencies in ms: medians over the refining rounds (`rounds`; spread = "
+            "(max − min) / median), else the one screening window. × your config / × onnxruntime backend: "
+            "throughput over theirs.", "",
+            "| candidate | config | throughput | p50 | p99 | rounds | spread | cosine | status | × your config "
+            "| × onnxruntime backend |",
+            "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: |"]
+    for r in [*data["references"], *data["candidates"]]:
+        name = f"**{r['key']}**" if r["key"] == data.get("winner") else r["key"]
+        out.append(f"| {name} | {r['label']} | {_fmt(r['throughput'], '.1f')} | {_fmt(r['p50_ms'], '.2f')} "
+                   f"| {_fmt(r['p99_ms'], '.2f')} | {r['rounds'] or '–'} | {_fmt(None if r['spread'] is None else r['spread'] * 100, '.0f', '%')} "
+                   f"| {_fmt(r['cosine'], '.6f')} | {r['status']} | {_fmt(r['x_baseline'], '.2f', 'x')} "
+                   f"| {_fmt(r['x_onnxruntime_backend'], '.2f', 'x')} |")
+    if data.get("config"):
+        out += ["", "The winner's config.pbtxt:", "", "```", data["config"].rstrip(), "```"]
+    return "\n".join(out) + "\n"
+
+
+def plot(data: Mapping, path: Path) -> Path | None:
+    """tune.png: throughput vs p99 of every measured candidate, the winner starred, the references squared."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in [*data["references"], *data["candidates"]] if r["throughput"] and r["p99_ms"]]
+    if not rows:
+        return None
+    fig, ax = plt.subplots(figsize=(8, 5.5))
+    groups: dict[str, list[Mapping]] = {}
+    for r in rows:
+        group = r["kind"] if r["kind"] != "candidate" else r["status"].split(":")[0]
+        groups.setdefault(group, []).append(r)
+    styles = {"winner": dict(marker="*", s=260, color="gold", edgecolors="black", zorder=5),
+              "baseline": dict(marker="s", s=90, color="tab:blue", edgecolors="black", zorder=4),
+              "peer": dict(marker="s", s=90, color="black", zorder=4),
+              "ok": dict(marker="o", s=45, color="tab:green"), "pruned": dict(marker="x", s=45, color="tab:gray"),
+              "over budget": dict(marker="^", s=55, color="tab:red")}
+    names = {"baseline": "your config", "peer": "onnxruntime backend"}
+    for group, members in groups.items():
+        ax.scatter([r["p99_ms"] for r in members], [r["throughput"] for r in members],
+                   label=names.get(group, group), **styles.get(group, dict(marker="o", s=40, color="tab:purple")))
+    for r in rows:
+        ax.annotate(r["key"], (r["p99_ms"], r["throughput"]), fontsize=6, xytext=(3, 3), textcoords="offset points")
+    budget = data["meta"].get("latency_budget_ms")
+    if budget:
+        ax.axvline(budget, color="tab:red", linestyle="--", alpha=0.6, label=f"latency budget {budget:g} ms")
+    ax.set_xlabel("p99 latency (ms)")
+    ax.set_ylabel("inferences / s")
+    ax.set_title(f"{data['meta'].get('model')}: throughput vs p99 at concurrency {data['meta'].get('concurrency')}")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def write(out: Path, data: Mapping) -> None:
+    (out / "report.json").write_text(json.dumps(data, indent=1, default=str))
+    (out / "report.md").write_text(markdown(data))
+    plot(data, out / "tune.png")
+
+
+__all__: Sequence[str] = ["markdown", "plot", "row", "summary", "write"]

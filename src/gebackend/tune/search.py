@@ -1,0 +1,386 @@
+"""The search: what is measured, in which order, what is dropped, and when to stop.
+
+1. The baseline (the original config) and, where asked, the peer (Triton's onnxruntime backend) are measured
+   first: they are the references of the report's ratio columns.
+2. The accuracy guard: once per (engine, precision rung), in process; a rung below `min_cosine` drops all its
+   candidates ("rejected: cosine X < Y").
+3. Screening: one short perf_analyzer window per candidate, in prior order (space.py). A candidate below half the
+   best so far is "pruned"; when it differs from the best in one dimension only, that dimension's value is dead
+   and the later candidates having it are pruned unmeasured. p99 above the latency budget: "over budget" (kept
+   in the report, cannot win).
+4. Refining: the best `finalists` (3) and the references are served together and measured with longer windows in
+   interleaved rounds (candidate A, B, C, baseline, A, B, ...); medians and the spread are reported, the best
+   median within the latency budget wins.
+
+Nothing is started that the remaining time cannot fit: every start is checked against an estimate made from
+what was measured so far (server start-up per engine and graph mode, perf_analyzer wall time per window), and
+screening stops early enough to leave the refining its time (fewer rounds when short). Ctrl-C or the budget
+ends it cleanly with the best so far. Measurement is a `Measurer` (measure.py, or a fake in tests).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Protocol, Sequence
+
+from gebackend.tune.space import DIMENSIONS, Candidate, PrecisionRung
+
+FIRST_START_S = 30.0  # the start-up guess before any server was started
+MIN_START_S = 10.0  # the shortest start-up a server is given
+ROUND_MARGIN = 1.1  # another refining round starts when the time left is this many times the last round's
+WINDOW_MARGIN = 1.25  # a window is estimated at this many times the median of those measured
+
+
+class MeasureFailed(RuntimeError):
+    """A candidate that could not be served or measured (the message is the reason)."""
+
+
+@dataclass
+class Measurement:
+    throughput: float
+    p50_ms: float
+    p99_ms: float
+    notes: str = ""
+
+
+class Measurer(Protocol):
+    def accuracy(self, engine: str, rung: PrecisionRung) -> float: ...
+    def start(self, cand: Candidate, timeout_s: float): ...  # a handle; raises MeasureFailed
+    def measure(self, handle, phase: str) -> Measurement: ...  # phase: "screen" or "refine"; raises MeasureFailed
+    def stop(self, handle) -> None: ...
+
+
+@dataclass
+class Outcome:
+    candidate: Candidate
+    status: str = "not run"
+    cosine: float | None = None
+    screen: Measurement | None = None
+    rounds: list[Measurement] = field(default_factory=list)
+    startup_s: float | None = None
+
+    @property
+    def measured(self) -> list[Measurement]:
+        return self.rounds or ([self.screen] if self.screen else [])
+
+    def _median(self, attr: str) -> float | None:
+        values = [getattr(m, attr) for m in self.measured]
+        return statistics.median(values) if values else None
+
+    @property
+    def throughput(self) -> float | None:
+        return self._median("throughput")
+
+    @property
+    def p50_ms(self) -> float | None:
+        return self._median("p50_ms")
+
+    @property
+    def p99_ms(self) -> float | None:
+        return self._median("p99_ms")
+
+    @property
+    def spread(self) -> float | None:
+        """(max - min) / median of the rounds' throughputs (None with fewer than 2 rounds)."""
+        values = [m.throughput for m in self.rounds]
+        if len(values) < 2 or not statistics.median(values):
+            return None
+        return (max(values) - min(values)) / statistics.median(values)
+
+    @property
+    def eligible(self) -> bool:
+        return self.status in ("ok", "finalist", "winner")
+
+
+@dataclass
+class SearchSettings:
+    concurrency: int = 4
+    min_cosine: float = 0.999
+    latency_budget_ms: float | None = None
+    time_budget_s: float = 600.0
+    finalists: int = 3
+    rounds: int = 3
+    prune_below: float = 0.5  # of the best so far
+    refine_share: float = 0.35  # of the time budget kept for refining, at most
+
+
+class Budget:
+    """The time left, and estimates of what the next step costs from what earlier steps took."""
+
+    def __init__(self, seconds: float, clock: Callable[[], float] = time.monotonic):
+        self.clock = clock
+        self.deadline = clock() + seconds
+        self.startups: dict[tuple, list[float]] = {}
+        self.windows: dict[str, list[float]] = {}
+
+    def remaining(self) -> float:
+        return self.deadline - self.clock()
+
+    def record_start(self, cand: Candidate, seconds: float) -> None:
+        self.startups.setdefault(_start_group(cand), []).append(seconds)
+
+    def record_window(self, phase: str, seconds: float) -> None:
+        self.windows.setdefault(phase, []).append(seconds)
+
+    def start_estimate(self, cand: Candidate) -> float:
+        same = self.startups.get(_start_group(cand))
+        if same:
+            return max(same)
+        every = [s for group in self.startups.values() for s in group]
+        return max(every) if every else FIRST_START_S
+
+    def window_estimate(self, phase: str) -> float:
+        """The median of the windows measured in `phase` (refine: twice the screening's until one is), with a
+        margin: a median, because one window retried for instability should not stop the search."""
+        seen = self.windows.get(phase) or (
+            [2 * s for s in self.windows.get("screen", [])] if phase == "refine" else [])
+        return WINDOW_MARGIN * statistics.median(seen) if seen else 20.0
+
+    def candidate_estimate(self, cand: Candidate, phase: str = "screen") -> float:
+        return self.start_estimate(cand) + self.window_estimate(phase)
+
+    def refine_estimate(self, cands: Sequence[Candidate], rounds: int) -> float:
+        return sum(self.start_estimate(c) for c in cands) + rounds * len(cands) * self.window_estimate("refine")
+
+    def fits(self, seconds: float) -> bool:
+        return self.remaining() >= seconds
+
+
+def _start_group(cand: Candidate) -> tuple:
+    return (cand.kind, cand.scenario.engine, cand.scenario.static, cand.rung.name)
+
+
+def differs_in(a: Candidate, b: Candidate) -> list[str]:
+    ca, cb = a.choices(), b.choices()
+    return [d for d in DIMENSIONS if ca[d] != cb[d]]
+
+
+class Search:
+    def __init__(self, candidates: Sequence[Candidate], measurer: Measurer, settings: SearchSettings,
+                 references: Sequence[Candidate] = (), progress: Callable[[str], None] = lambda line: None,
+                 budget: Budget | None = None):
+        self.settings = settings
+        self.measurer = measurer
+        self.progress = progress
+        self.budget = budget or Budget(settings.time_budget_s)
+        self.references = [Outcome(c) for c in references]
+        self.outcomes = [Outcome(c) for c in candidates]
+        self.dead: dict[tuple[str, object], str] = {}  # (dimension, value) -> why its candidates are pruned
+        self.winner: Outcome | None = None
+        self.interrupted = False
+        self.out_of_time = False  # a candidate was skipped for time: the later ones are too, said once
+        self.notes: list[str] = []
+        self.steps = len(self.references) + len(self.outcomes)
+        self.step = 0
+
+    # -------------------------------------------------------------------------------------- the phases
+    def run(self) -> "Search":
+        try:
+            for ref in self.references:
+                self._screen(ref)
+            self._accuracy_guard()
+            self.steps = len(self.references) + sum(o.status == "not run" for o in self.outcomes)
+            for outcome in self.outcomes:
+                if outcome.status == "not run":
+                    self._screen(outcome)
+            self._refine()
+        except KeyboardInterrupt:
+            self.interrupted = True
+            self.notes.append("interrupted: the best so far is reported")
+        for outcome in self.outcomes:
+            if outcome.status == "not run":
+                outcome.status = "skipped: interrupted" if self.interrupted else "skipped: time budget"
+        self._choose()
+        return self
+
+    def _accuracy_guard(self) -> None:
+        checked: dict[tuple, float | str] = {}
+        for outcome in self.outcomes:
+            key = outcome.candidate.numerics
+            if key not in checked and not self.budget.fits(0):
+                checked[key] = None  # no time left: its candidates are skipped unchecked
+            if key not in checked:
+                engine, rung = outcome.candidate.scenario.engine, outcome.candidate.rung
+                try:
+                    checked[key] = self.measurer.accuracy(engine, rung)
+                except MeasureFailed as exc:
+                    checked[key] = str(exc)
+                value = checked[key]
+                text = f"cosine {value:.6f}" if isinstance(value, float) else f"failed: {value}"
+                self.progress(f"[accuracy] {engine} {rung.name} ... {text}")
+            value = checked[key]
+            if value is None:
+                outcome.status = "skipped: time budget"
+                continue
+            if isinstance(value, str):
+                outcome.status = f"failed: accuracy check: {value}"
+                continue
+            outcome.cosine = value
+            if value < self.settings.min_cosine:
+                outcome.status = f"rejected: cosine {value:.6f} < {self.settings.min_cosine}"
+
+    def best(self) -> Outcome | None:
+        ok = [o for o in self.outcomes if o.eligible and o.throughput]
+        return max(ok, key=lambda o: o.throughput) if ok else None
+
+    def _screen(self, outcome: Outcome) -> None:
+        cand = outcome.candidate
+        self.step += 1
+        tag = f"[{self.step}/{self.steps}] {cand.label}"
+        choices = cand.choices()
+        dead = next((why for dim in DIMENSIONS if (why := self.dead.get((dim, choices[dim])))), None)
+        if dead and cand.kind == "candidate":
+            outcome.status = f"pruned: {dead}"
+            self.progress(f"{tag} ... {outcome.status}")
+            return
+        needed = self.budget.candidate_estimate(cand)
+        if cand.kind == "candidate":
+            needed += self.refine_reserve(cand)
+        if not self.budget.fits(needed):
+            outcome.status = "skipped: time budget"
+            if not self.out_of_time:
+                self.progress(f"{tag} ... {outcome.status} (needs ~{needed:.0f} s with the refining, "
+                              f"{max(0, self.budget.remaining()):.0f} s left); later ones that do not fit are skipped silently")
+            self.out_of_time = True
+            return
+        handle = self._start(outcome)
+        if handle is None:
+            self.progress(f"{tag} ... {outcome.status}")
+            return
+        try:
+            outcome.screen = self._measure(handle, "screen")
+        except MeasureFailed as exc:
+            outcome.status = f"failed: {exc}"
+            self.progress(f"{tag} ... {outcome.status}")
+            return
+        finally:
+            self.measurer.stop(handle)
+        self.progress(f"{tag} ... {outcome.screen.throughput:.0f} infer/s p99 {outcome.screen.p99_ms:.1f} ms")
+        self._judge(outcome)
+
+    def _judge(self, outcome: Outcome) -> None:
+        """ok, over budget, or pruned (and which dimension value dies with it)."""
+        m, s = outcome.screen, self.settings
+        if s.latency_budget_ms is not None and m.p99_ms > s.latency_budget_ms:
+            outcome.status = f"over budget: p99 {m.p99_ms:.1f} ms > {s.latency_budget_ms:g} ms"
+            return
+        if outcome.candidate.kind != "candidate":
+            outcome.status = "ok"
+            return
+        best = self.best()
+        if best is not None and m.throughput < s.prune_below * best.throughput:
+            outcome.status = (f"pruned: {m.throughput:.0f} infer/s < {s.prune_below:g} x the best so far "
+                              f"({best.throughput:.0f}, {best.candidate.key})")
+            differ = differs_in(outcome.candidate, best.candidate)
+            if len(differ) == 1:
+                dim = differ[0]
+                value = outcome.candidate.choices()[dim]
+                self.dead[(dim, value)] = (f"{outcome.candidate.describe(dim)} measured {m.throughput:.0f} infer/s < {s.prune_below:g} x "
+                                           f"{best.throughput:.0f} ({outcome.candidate.key} vs {best.candidate.key})")
+            return
+        outcome.status = "ok"
+
+    def _start(self, outcome: Outcome):
+        started = self.budget.clock()
+        try:  # a start that hangs may not outlast the budget
+            handle = self.measurer.start(outcome.candidate, max(MIN_START_S, self.budget.remaining() - 30))
+        except MeasureFailed as exc:
+            outcome.status = f"failed: {exc}"
+            return None
+        outcome.startup_s = self.budget.clock() - started
+        self.budget.record_start(outcome.candidate, outcome.startup_s)
+        return handle
+
+    def _measure(self, handle, phase: str) -> Measurement:
+        started = self.budget.clock()
+        try:
+            return self.measurer.measure(handle, phase)
+        finally:
+            self.budget.record_window(phase, self.budget.clock() - started)
+
+    # -------------------------------------------------------------------------------------- refining
+    def _finalists(self) -> list[Outcome]:
+        ok = sorted((o for o in self.outcomes if o.status == "ok" and o.screen), key=lambda o: -o.screen.throughput)
+        return ok[:self.settings.finalists]
+
+    def _finalist_candidates(self, extra: Candidate | None = None) -> list[Candidate]:
+        """What refining would serve if it started now (with `extra` among the finalists)."""
+        chosen = [o.candidate for o in self._finalists()]
+        if extra is not None and len(chosen) < self.settings.finalists:
+            chosen.append(extra)
+        return chosen + [r.candidate for r in self.references if r.status == "ok"]
+
+    def refine_reserve(self, extra: Candidate | None = None) -> float:
+        """The time screening leaves for refining: all its rounds, but at most `refine_share` of the whole budget
+        (fewer rounds then), and never less than one round."""
+        group = self._finalist_candidates(extra=extra)
+        full = self.budget.refine_estimate(group, self.settings.rounds)
+        one = self.budget.refine_estimate(group, 1)
+        return max(one, min(full, self.settings.refine_share * self.settings.time_budget_s))
+
+    def _refine(self) -> None:
+        finalists = self._finalists()
+        if not finalists or self.settings.rounds < 1:
+            return
+        refs = [r for r in self.references if r.status == "ok"]
+        group = finalists + refs
+        rounds = self.settings.rounds
+        if not self.budget.fits(self.budget.refine_estimate([o.candidate for o in group], 1)):
+            self.notes.append("no time left to re-measure the best: the winner is the best short window")
+            return
+        for o in finalists:
+            o.status = "finalist"
+        handles: list[tuple[Outcome, object]] = []
+        done = 0
+        try:
+            for o in group:
+                handle = self._start(o)
+                if handle is None:
+                    self.progress(f"[refine] {o.candidate.label} ... {o.status}")
+                    continue
+                handles.append((o, handle))
+                o.rounds = []
+            last = 0.0
+            for r in range(1, rounds + 1):
+                if r > 1 and not self.budget.fits(ROUND_MARGIN * last):  # another round as long as the last
+                    break
+                began = self.budget.clock()
+                for o, handle in handles:
+                    try:
+                        m = self._measure(handle, "refine")
+                    except MeasureFailed as exc:
+                        self.progress(f"[round {r}/{rounds}] {o.candidate.label} ... failed: {exc}")
+                        continue
+                    o.rounds.append(m)
+                    self.progress(f"[round {r}/{rounds}] {o.candidate.label} ... {m.throughput:.0f} infer/s "
+                                  f"p99 {m.p99_ms:.1f} ms")
+                last = self.budget.clock() - began
+                done = r
+        finally:
+            for _, handle in handles:
+                self.measurer.stop(handle)
+        if done < rounds:
+            self.notes.append(f"refining: {done} of {rounds} rounds fitted the time budget")
+        s = self.settings
+        for o in group:
+            if s.latency_budget_ms is not None and o.p99_ms is not None and o.p99_ms > s.latency_budget_ms:
+                o.status = f"over budget: median p99 {o.p99_ms:.1f} ms > {s.latency_budget_ms:g} ms"
+
+    def _choose(self) -> None:
+        """The best median of the refined finalists (rounds measured side by side, in the same minutes); the best
+        screening window only when nothing was refined (a screening window from minutes earlier, on a machine
+        whose load moves, does not compete with a round)."""
+        refined = [o for o in self.outcomes if o.eligible and o.rounds]
+        best = max(refined, key=lambda o: o.throughput) if refined else self.best()
+        if best is not None:
+            best.status = "winner"
+            self.winner = best
+        for o in self.outcomes:
+            if o.status == "finalist":
+                o.status = "ok"
+
+    # -------------------------------------------------------------------------------------- results
+    def reference(self, kind: str) -> Outcome | None:
+        return next((r for r in self.references if r.candidate.kind == kind and r.throughput), None)

@@ -1,0 +1,276 @@
+"""What `gebackend tune` searches: the model under tune (read from its Triton model folder) and the candidates.
+
+A candidate is the bench's `Scenario` (gebackend.bench.scenarios) plus the precision rung it runs: engine x
+precision x graph mode x instances and cores x batching. The precision rungs are a data table, `PRECISIONS`:
+each names the `precision_mode` it sets, the engines that run it (preferred first), the OpenVINO capability it
+needs (OPTIMIZATION_CAPABILITIES, e.g. BF16: asked of the CPU plugin, never assumed), the bench feature it needs
+(`scenarios.feature_missing`), and any further backend parameters; a new rung (e.g. static int8 with
+`quantization=static`) is one more line there.
+
+The order is by prior: a candidate's score is the sum, over its dimensions, of the rank of its value in that
+dimension's preference order (static before dynamic, one instance with all cores before pinned ones, no queue
+delay before 100 us before 500 us, the default engine's exact precision first), so candidates one change away
+from the usual best guess are measured first, and those several changes away last (or never, at the budget).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Callable, Mapping, Sequence
+
+from gebackend.bench.models import BenchInput, BenchModel
+from gebackend.bench.scenarios import BUCKETS, PEER_BACKEND, Scenario
+from gebackend.config.spec import TensorSpec
+
+DEFAULT_MAX_BATCH_SIZE = 8  # what the backend gives a batching model whose config does not say (default_max_batch_size)
+VARIABLE_DIM = 16  # a variable non-batch dim is sent as this size (compile.accuracy.random_feeds' default)
+DELAYS_US = (0, 100, 500)  # max_queue_delay_microseconds rungs
+DIMENSIONS = ("numerics", "graph", "instances", "delay")  # what a candidate chooses (numerics: engine + precision)
+
+
+@dataclass(frozen=True)
+class PrecisionRung:
+    name: str  # as reports say it, unique: "origin", "bf16", "int8", ...
+    precision_mode: str  # the backend option it sets
+    engines: tuple[str, ...]  # the engines that run it, the preferred one first
+    capability: str = ""  # the OpenVINO CPU capability it needs on the openvino engine ("" = none)
+    feature: str = ""  # the bench feature it needs (gebackend.bench.scenarios.feature_missing), "" = none
+    parameters: tuple[tuple[str, str], ...] = ()  # further backend parameters it sets
+    prior: int = 0  # lower: measured earlier
+    what: str = ""  # one line for the winner's config comment
+
+
+PRECISIONS: tuple[PrecisionRung, ...] = (
+    PrecisionRung("origin", "origin", ("onnxruntime", "openvino"), prior=0, what="the model's own precision (exact)"),
+    PrecisionRung("bf16", "bf16", ("openvino",), capability="BF16", prior=1, what="OpenVINO compiles in bfloat16"),
+    PrecisionRung("int8", "int8", ("onnxruntime",), feature="int8", parameters=(("quantization", "dynamic"),), prior=2,
+                  what="ONNX Runtime dynamic quantization of MatMul/Gemm weights to int8"),
+    PrecisionRung("int8-static", "int8", ("openvino", "onnxruntime"), feature="int8",
+                  parameters=(("quantization", "static"),), prior=2,
+                  what="static int8 calibrated on seeded samples (NNCF's QDQ on OpenVINO, quantize_static on ONNX Runtime)"),
+    PrecisionRung("fp16", "fp16", ("openvino",), capability="FP16", prior=3, what="OpenVINO compiles in float16"),
+)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    key: str  # stable and unique: the repository folder name and report id
+    scenario: Scenario
+    rung: PrecisionRung
+    cores: int  # the cores the candidate uses in all
+    kind: str = "candidate"  # "candidate", "baseline" (the original config) or "peer" (Triton's onnxruntime backend)
+    ranks: tuple[int, ...] = ()  # per DIMENSIONS: the prior rank of its value
+    config_text: str = ""  # baseline: the original config as it is
+
+    @property
+    def numerics(self) -> tuple[str, str]:
+        return (self.scenario.engine, self.rung.name)
+
+    def choices(self) -> dict[str, object]:
+        s = self.scenario
+        return {"numerics": self.numerics, "graph": "static" if s.static else "dynamic",
+                "instances": (s.instances, s.cores_per_instance or self.cores),
+                "delay": s.max_queue_delay_us if s.dynamic_batching else None}
+
+    def describe(self, dimension: str) -> str:
+        """This candidate's value of one dimension, in words ("openvino bf16", "the dynamic graph", ...)."""
+        value = self.choices()[dimension]
+        if dimension == "numerics":
+            return f"{value[0]} {value[1]}"
+        if dimension == "graph":
+            return f"the {value} graph"
+        if dimension == "instances":
+            n, per = value
+            return f"{n} instance{'s' if n > 1 else ''} x {per} core{'s' if per > 1 else ''}"
+        return "no dynamic batching" if value is None else f"a {value} us queue delay"
+
+    @property
+    def label(self) -> str:
+        if self.kind == "baseline":
+            return "baseline: your config"
+        if self.kind == "peer":
+            return "Triton's onnxruntime backend (your config's IO, defaults)"
+        s = self.scenario
+        per = s.cores_per_instance or self.cores
+        delay = f"delay {s.max_queue_delay_us}us" if s.dynamic_batching else "no batching"
+        return (f"{s.engine} {'static' if s.static else 'dynamic'} {self.rung.name} {s.instances}x{per} "
+                f"core{'s' if per > 1 else ''} {delay}")
+
+
+@dataclass(frozen=True)
+class TunedModel:
+    """The model folder under tune: its config, ONNX file and the complete IO (filled from the ONNX file)."""
+
+    dir: Path
+    name: str
+    config: Mapping
+    config_text: str
+    onnx_path: Path
+    backend: str
+    max_batch_size: int
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    static_problem: str = ""  # why static candidates are left out ("" = they are not)
+
+    @classmethod
+    def load(cls, model_dir: Path) -> "TunedModel":
+        from gebackend.config.model_file import find_model_file
+        from gebackend.config.onnx_signature import read_signature
+        from gebackend.config.pbtxt import load_model_config
+        from gebackend.config.spec import reconcile
+
+        model_dir = Path(model_dir)
+        config_path = model_dir / "config.pbtxt"
+        config = load_model_config(config_path)
+        versions = sorted((p for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit()), key=lambda p: int(p.name))
+        if not versions:
+            raise FileNotFoundError(f"{model_dir} has no version folder (1/model.onnx)")
+        onnx_path = find_model_file(versions[-1], config.get("default_model_filename", ""))
+        name = config["name"]
+        rec = reconcile(name, config, read_signature(onnx_path), DEFAULT_MAX_BATCH_SIZE, fill=True)
+        problem = ""
+        for t in rec.inputs:
+            if not t.dims or -1 in t.dims:
+                problem = f"input {t.name} has {'no fixed dims' if not t.dims else 'a variable dim'} (dims {list(t.dims)})"
+                break
+        return cls(model_dir, name, config, config_path.read_text(), onnx_path,
+                   config.get("backend") or config.get("platform", ""), rec.max_batch_size, rec.inputs, rec.outputs, problem)
+
+    def request_dims(self, tensor: TensorSpec) -> tuple[int, ...]:
+        """One request's shape of an input, batch dim included when the model batches (variable dims: VARIABLE_DIM)."""
+        dims = tuple(VARIABLE_DIM if d == -1 else d for d in tensor.dims)
+        return ((1,) if self.max_batch_size > 0 else ()) + dims
+
+    def bench_model(self) -> BenchModel:
+        """The model as the bench's repository writer takes it (the ONNX file already exists: no export)."""
+        inputs = tuple(BenchInput(t.name, t.dtype.numpy.name, tuple(VARIABLE_DIM if d == -1 else d for d in t.dims))
+                       for t in self.inputs)
+        return BenchModel(self.name, f"{self.dir}", inputs, export=lambda path: None,
+                          max_batch_size=self.max_batch_size)
+
+
+def buckets_for(max_batch_size: int) -> tuple[int, ...]:
+    """Batch buckets 1/2/4/8 capped by max_batch_size (which is a bucket itself when below 8)."""
+    if max_batch_size <= 0:
+        return ()
+    out = [b for b in BUCKETS if b <= max_batch_size]
+    if max_batch_size < BUCKETS[-1] and max_batch_size not in out:
+        out.append(max_batch_size)
+    return tuple(out)
+
+
+def instance_layouts(cores: int, concurrency: int) -> list[tuple[int, int]]:
+    """(instances, cores each): 1 x all cores first, then N pinned instances x cores/N for each N > 1 dividing the
+    core count, largest N first, N at most the concurrency (more instances than requests in flight stay idle)."""
+    layouts = [(1, cores)]
+    layouts += [(n, cores // n) for n in range(cores, 1, -1) if cores % n == 0 and n <= max(1, concurrency)]
+    return layouts
+
+
+def numerics(engines: Sequence[str], capabilities: Sequence[str],
+             available: Callable[[str], bool] = lambda feature: True,
+             table: Sequence[PrecisionRung] = PRECISIONS) -> list[tuple[str, PrecisionRung]]:
+    """(engine, rung) pairs runnable here, in prior order: each rung's preferred engine by the rung's prior, then the
+    rungs on their other engines."""
+    pairs = []
+    for rung in table:
+        if rung.feature and not available(rung.feature):
+            continue
+        for position, engine in enumerate(rung.engines):
+            if engine not in engines:
+                continue
+            if engine == "openvino" and rung.capability and rung.capability not in capabilities:
+                continue
+            pairs.append(((rung.prior + (0 if position == 0 else len(table)), list(engines).index(engine)), engine, rung))
+    return [(engine, rung) for _, engine, rung in sorted(pairs, key=lambda p: p[0])]
+
+
+def _key(engine: str, static: bool, rung: PrecisionRung, instances: int, per: int, delay: int | None) -> str:
+    short = {"onnxruntime": "ort", "openvino": "ov"}.get(engine, engine)
+    return f"{short}-{'static' if static else 'dynamic'}-{rung.name}-{instances}x{per}-" + ("nobatch" if delay is None else f"d{delay}")
+
+
+def make_candidate(engine: str, rung: PrecisionRung, static: bool, layout: tuple[int, int], delay: int | None,
+                   max_batch_size: int, cores: int, ranks: tuple[int, ...] = ()) -> Candidate:
+    instances, per = layout
+    buckets = buckets_for(max_batch_size) if static else ()
+    preferred = tuple(b for b in (buckets or buckets_for(max_batch_size)) if b > 1)
+    pinned = instances > 1
+    scenario = Scenario(
+        name=_key(engine, static, rung, instances, per, delay), title="", static=static, buckets=buckets,
+        dynamic_batching=delay is not None, preferred_batch_sizes=preferred if delay is not None else (),
+        max_queue_delay_us=delay or 0, instances=instances, cores_per_instance=per if pinned else 0,
+        intra_op_threads=per if pinned else 0, engine=engine, precision=rung.precision_mode,
+        requires=("pinning",) if pinned else ())
+    candidate = Candidate(scenario.name, scenario, rung, cores, ranks=ranks)
+    return replace(candidate, scenario=replace(scenario, title=candidate.label))
+
+
+def space(cores: int, engines: Sequence[str], capabilities: Sequence[str], max_batch_size: int, concurrency: int,
+          static_ok: bool = True, quick: bool = False, available: Callable[[str], bool] = lambda feature: True,
+          table: Sequence[PrecisionRung] = PRECISIONS) -> list[Candidate]:
+    """Every candidate for this machine and model, in prior order (see the module docstring); `quick`: the usual
+    best guess and one change of each dimension from it (4-6 candidates)."""
+    pairs = numerics(engines, capabilities, available, table)
+    graphs = [True, False] if static_ok else [False]
+    layouts = instance_layouts(cores, concurrency)
+    delays: list[int | None] = list(DELAYS_US) if max_batch_size > 0 else [None]
+    if quick:
+        return _quick(pairs, graphs, layouts, delays, max_batch_size, cores)
+    out = []
+    for a, (engine, rung) in enumerate(pairs):
+        for b, static in enumerate(graphs):
+            for c, layout in enumerate(layouts):
+                for d, delay in enumerate(delays):
+                    out.append(make_candidate(engine, rung, static, layout, delay, max_batch_size, cores, (a, b, c, d)))
+    return sorted(out, key=lambda cand: (sum(cand.ranks), cand.ranks))
+
+
+def _quick(pairs, graphs, layouts, delays, max_batch_size: int, cores: int) -> list[Candidate]:
+    def make(p=0, g=0, lay=0, d=0):
+        engine, rung = pairs[p]
+        return make_candidate(engine, rung, graphs[g], layouts[lay], delays[d], max_batch_size, cores, (p, g, lay, d))
+
+    out = [make()]
+    if len(graphs) > 1:
+        out.append(make(g=1))
+    if len(layouts) > 1:
+        out.append(make(lay=1))
+    if len(delays) > 1:
+        out.append(make(d=1))
+    seen_engines: set[str] = set()
+    for p, (engine, rung) in enumerate(pairs):  # the first lowered precision on each engine
+        if rung.name != "origin" and engine not in seen_engines and len(out) < 6:
+            seen_engines.add(engine)
+            out.append(make(p=p))
+    return out
+
+
+def accuracy_groups(candidates: Sequence[Candidate]) -> list[tuple[str, PrecisionRung]]:
+    """The (engine, precision rung) pairs the candidates use, each once, in their order."""
+    seen, out = set(), []
+    for cand in candidates:
+        if cand.kind == "candidate" and cand.numerics not in seen:
+            seen.add(cand.numerics)
+            out.append((cand.scenario.engine, cand.rung))
+    return out
+
+
+def baseline(model: TunedModel, cores: int) -> Candidate:
+    """The original config, measured as it is (the reference of the report's "x your config" column)."""
+    scenario = Scenario("baseline", "baseline: your config", dynamic_batching="dynamic_batching" in model.config)
+    return Candidate("baseline", scenario, PRECISIONS[0], cores, kind="baseline", config_text=model.config_text)
+
+
+def peer(model: TunedModel, cores: int) -> Candidate:
+    """The model on Triton's onnxruntime backend, configured as the original config (no dynamic batching unless it
+    has it), the backend's own defaults otherwise."""
+    batching = "dynamic_batching" in model.config
+    scenario = Scenario("peer", "Triton's onnxruntime backend", backend=PEER_BACKEND, dynamic_batching=batching,
+                        requires=("peer",))
+    return Candidate("peer", scenario, PRECISIONS[0], cores, kind="peer")
+
+
+__all__ = ["DIMENSIONS", "PRECISIONS", "Candidate", "PrecisionRung", "TunedModel", "accuracy_groups", "baseline",
+           "buckets_for", "instance_layouts", "make_candidate", "numerics", "peer", "space"]

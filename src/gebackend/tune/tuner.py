@@ -1,0 +1,157 @@
+"""One `gebackend tune` run, start to end: read the model folder, build the space for this machine (cores from
+os.sched_getaffinity, the installed engines, OpenVINO's CPU capabilities, the bench's features), search it
+(search.py with measure.py's measurements), and write config.pbtxt, report.md, report.json and tune.png into
+the output folder; with `apply`, the winner replaces MODEL_DIR/config.pbtxt (the old one kept as
+config.pbtxt.orig).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Callable
+
+from gebackend.tune import config_writer, report, search as search_mod, space
+
+GE_BACKENDS = ("ge", "npu_ge")
+
+
+@dataclass
+class TuneSettings:
+    model_dir: Path
+    concurrency: int = 4
+    latency_budget_ms: float | None = None
+    min_cosine: float = 0.999
+    time_budget_min: float = 10.0
+    out: Path | None = None
+    apply: bool = False
+    peer_backend_dir: Path | None = None
+    quick: bool = False
+
+
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def machine_space(settings: TuneSettings, model: space.TunedModel) -> list[space.Candidate]:
+    """The candidates for this machine: its cores, installed engines, OpenVINO's capabilities, the bench's features."""
+    from gebackend.bench import scenarios
+    from gebackend.engines import registry
+
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    engines = tuple(n for n in registry.names() if registry.installed(n))
+    capabilities: tuple[str, ...] = ()
+    if "openvino" in engines:
+        try:
+            from gebackend.engines.openvino import openvino_capabilities
+
+            capabilities = openvino_capabilities()
+        except Exception:  # noqa: BLE001 - no capability: no bf16/fp16 rungs
+            capabilities = ()
+    return space.space(cores, engines, capabilities, model.max_batch_size, settings.concurrency,
+                       static_ok=not model.static_problem, quick=settings.quick,
+                       available=lambda feature: scenarios.feature_missing(feature) is None)
+
+
+def references(model: space.TunedModel, peer_found, cores: int) -> list[space.Candidate]:
+    base = space.baseline(model, cores)
+    if model.backend not in GE_BACKENDS and peer_found is None:
+        # a config for Triton's onnxruntime backend, and no such backend here: measure it on ge as it is
+        from dataclasses import replace
+
+        from gebackend.tune.config_writer import _message
+        from google.protobuf import text_format
+
+        message = _message(model)
+        message.backend = "ge"
+        message.ClearField("platform")
+        base = replace(base, config_text="# your config, backend changed to ge (no onnxruntime backend here)\n"
+                       + text_format.MessageToString(message))
+    refs = [base]
+    if peer_found is not None:
+        refs.append(space.peer(model, cores))
+    return refs
+
+
+def run(settings: TuneSettings, progress: Callable[[str], None] = _stderr) -> tuple[Path, dict]:
+    from gebackend.bench import peer as peer_mod
+    from gebackend.bench.runner import machine
+    from gebackend.tune.measure import BenchMeasurer
+
+    started = datetime.now()
+    t0 = time.monotonic()
+    model = space.TunedModel.load(settings.model_dir)
+    out = Path(settings.out or f"tune-{model.name}-{started.strftime('%Y%m%d-%H%M%S')}")
+    out.mkdir(parents=True, exist_ok=True)
+    found = peer_mod.find(settings.peer_backend_dir) if settings.peer_backend_dir is not None else None
+    candidates = machine_space(settings, model)
+    cores = candidates[0].cores if candidates else 1
+    log_file = open(out / "tune.log", "a", buffering=1)
+    log = lambda line: log_file.write(line + "\n")  # noqa: E731 - the bench's own lines: commands, server output
+    progress(f"tune: {model.name}: {len(candidates)} candidates on {machine()}; writing to {out}")
+    if model.static_problem:
+        progress(f"tune: no static candidates: {model.static_problem}")
+    settings_s = search_mod.SearchSettings(
+        concurrency=settings.concurrency, min_cosine=settings.min_cosine, latency_budget_ms=settings.latency_budget_ms,
+        time_budget_s=settings.time_budget_min * 60, finalists=2 if settings.quick else 3,
+        rounds=2 if settings.quick else 3)
+    try:
+        measurer = BenchMeasurer(model, out, settings.concurrency, quick=settings.quick, peer=found, log=log)
+        done = search_mod.Search(candidates, measurer, settings_s, references(model, found, cores), progress).run()
+    finally:
+        log_file.close()
+    winner = done.winner
+    reasons = config_writer.explain(winner, done.outcomes, settings.concurrency) if winner else {}
+    text = None
+    if winner is not None:
+        base = done.reference("baseline")
+        x_base = f", {winner.throughput / base.throughput:.2f}x your config" if base and base.throughput else ""
+        header = [f"generated by gebackend tune on {started.isoformat(timespec='seconds')} on {machine()}",
+                  f"winner {winner.candidate.key}: {winner.candidate.label}: {winner.throughput:.1f} infer/s, "
+                  f"p99 {winner.p99_ms:.2f} ms at concurrency {settings.concurrency}{x_base}",
+                  f"every candidate measured: {(out / 'report.md').resolve()}"]
+        text = config_writer.config_text(model, winner.candidate, reasons, header)
+        (out / "config.pbtxt").write_text(text)
+    meta = {"started": started.isoformat(timespec="seconds"), "machine": machine(), "model": model.name,
+            "model_dir": str(model.dir), "concurrency": settings.concurrency, "min_cosine": settings.min_cosine,
+            "latency_budget_ms": settings.latency_budget_ms, "time_budget_s": settings.time_budget_min * 60,
+            "quick": settings.quick, "duration_s": round(time.monotonic() - t0, 1),
+            "screen": _window(measurer.phases["screen"]), "refine": _window(measurer.phases["refine"]),
+            "peer": peer_mod.describe(found, None if found else "not asked (--peer-backend-dir)"),
+            "static_problem": model.static_problem}
+    data = report.summary(done, meta, reasons, text)
+    if settings.apply:
+        data["meta"]["applied"] = apply(model.dir, text, done)
+        progress(f"tune: --apply: {data['meta']['applied']}")
+    report.write(out, data)
+    progress(f"tune: done in {data['meta']['duration_s']:.0f} s: {out / 'report.md'}")
+    return out, data
+
+
+def _window(perf) -> str:
+    return f"-p {perf.measurement_interval_ms} -s {perf.stability_percentage} -r {perf.max_trials}"
+
+
+def apply(model_dir: Path, text: str | None, done: search_mod.Search) -> str:
+    """Write the winner into MODEL_DIR/config.pbtxt, the old one kept as config.pbtxt.orig; what was done, in words."""
+    if text is None:
+        return "not applied: no winner"
+    base, winner = done.reference("baseline"), done.winner
+    if base is not None and base.throughput and winner.throughput < base.throughput:
+        return "not applied: your config measured faster than the winner"
+    target = Path(model_dir) / "config.pbtxt"
+    orig = target.with_name("config.pbtxt.orig")
+    kept = "kept the existing config.pbtxt.orig"
+    if not orig.exists():
+        shutil.copy2(target, orig)
+        kept = f"the old one is {orig}"
+    target.write_text(text)
+    return f"wrote {target} ({kept})"

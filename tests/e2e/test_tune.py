@@ -1,0 +1,104 @@
+"""`gebackend tune --quick` through the real CLI on a tiny MLP built here: every candidate ends with a status in
+report.json, the winner's config.pbtxt serves through the real server with answers equal to onnxruntime's, and a
+strict --min-cosine rejects the int8 rung in the accuracy guard (before any server is started for it).
+
+Numbers are not asserted (a shared machine): statuses, files and served answers are.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import tritonclient.http as httpclient
+from onnx import TensorProto, helper, numpy_helper
+
+from gebackend.config.pbtxt import load_model_config
+
+from .server import start_server
+
+pytestmark = pytest.mark.e2e
+
+ROOT = Path(__file__).resolve().parents[2]
+CONFIG = """name: "mlp"
+backend: "ge"
+max_batch_size: 8
+input [ { name: "x", data_type: TYPE_FP32, dims: [ 64 ] } ]
+output [ { name: "y", data_type: TYPE_FP32, dims: [ 16 ] } ]
+"""
+
+
+def build_mlp(seed: int = 0) -> onnx.ModelProto:
+    """y = relu(x @ w1) @ w2, x [batch, 64]: MatMuls, so int8 quantization changes the answers a little."""
+    rng = np.random.default_rng(seed)
+    w1 = numpy_helper.from_array((rng.standard_normal((64, 64)) * 0.2).astype(np.float32), "w1")
+    w2 = numpy_helper.from_array((rng.standard_normal((64, 16)) * 0.2).astype(np.float32), "w2")
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"]), helper.make_node("Relu", ["h"], ["r"]),
+             helper.make_node("MatMul", ["r", "w2"], ["y"])]
+    graph = helper.make_graph(nodes, "mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 64])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 16])], [w1, w2])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 9
+    return model
+
+
+def test_tune_quick_finds_a_winner_that_serves_right_and_rejects_int8(tmp_path):
+    model_dir = tmp_path / "repo" / "mlp"
+    (model_dir / "1").mkdir(parents=True)
+    onnx.save(build_mlp(), str(model_dir / "1" / "model.onnx"))
+    (model_dir / "config.pbtxt").write_text(CONFIG)
+    out = tmp_path / "tune"
+    cmd = [sys.executable, "-m", "gebackend.cli.main", "tune", str(model_dir), "--quick", "--time-budget-min", "3",
+           "--concurrency", "2", "--min-cosine", "0.9999999", "--out", str(out)]
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=420)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    assert done.stdout.strip() == str(out / "report.md")
+    data = json.loads((out / "report.json").read_text())
+
+    # every candidate has a final status; the int8 rung is rejected by the accuracy guard and never served
+    statuses = {c["key"]: c["status"] for c in data["candidates"]}
+    assert len(statuses) >= 4 and "not run" not in statuses.values()
+    allowed = ("winner", "ok", "rejected: ", "pruned: ", "over budget: ", "skipped: ", "failed: ")
+    assert all(s.startswith(allowed) for s in statuses.values()), statuses
+    int8 = [c for c in data["candidates"] if c["choices"]["numerics"] == ["onnxruntime", "int8"]]
+    assert int8, statuses
+    for c in int8:
+        assert c["status"].startswith("rejected: cosine ") and c["status"].endswith(" < 0.9999999")
+        assert 0.999 <= c["cosine"] < 0.9999999  # the default --min-cosine would have kept it
+        assert not (out / "logs" / f"{c['key']}.serve.log").exists()
+    assert data["references"][0]["kind"] == "baseline" and data["references"][0]["throughput"] > 0
+    assert data["meta"]["machine"] and data["meta"]["machine"] in (out / "report.md").read_text()
+    winner = data["winner"]
+    assert statuses[winner] == "winner"
+    assert (out / "tune.png").stat().st_size > 5000
+    for line in done.stderr.splitlines():
+        if line.startswith("[") and "infer/s" in line:
+            assert " ... " in line and " p99 " in line
+
+    # the winner's config serves the model through the real server, answers equal to onnxruntime's
+    config = out / "config.pbtxt"
+    parsed = load_model_config(config)
+    assert parsed["name"] == "mlp" and parsed["backend"] == "ge"
+    assert parsed["input"] == load_model_config(model_dir / "config.pbtxt")["input"]
+    serve_repo = tmp_path / "serve"
+    (serve_repo / "mlp" / "1").mkdir(parents=True)
+    shutil.copy(model_dir / "1" / "model.onnx", serve_repo / "mlp" / "1" / "model.onnx")
+    shutil.copy(config, serve_repo / "mlp" / "config.pbtxt")
+    server = start_server(serve_repo, tmp_path / "serve.log")
+    try:
+        x = np.random.default_rng(3).standard_normal((3, 64)).astype(np.float32)
+        client = httpclient.InferenceServerClient(server.http_url)
+        tensor = httpclient.InferInput("x", list(x.shape), "FP32")
+        tensor.set_data_from_numpy(x)
+        got = client.infer("mlp", [tensor]).as_numpy("y")
+    finally:
+        server.stop()
+    expected = ort.InferenceSession(str(model_dir / "1" / "model.onnx")).run(["y"], {"x": x})[0]
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)

@@ -1,0 +1,123 @@
+"""`gebackend tune`'s space: which candidates exist for given cores, engines, OpenVINO capabilities and max_batch_size,
+and in which order (nothing here starts a server or measures anything)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from gebackend.tune import space
+from gebackend.tune.space import PRECISIONS, PrecisionRung, buckets_for, instance_layouts
+
+BOTH = ("onnxruntime", "openvino")
+AVX2_CAPS = ("FP32", "INT8", "BIN", "EXPORT_IMPORT")  # what OpenVINO reports on an AVX2-only CPU
+BF16_CAPS = ("BF16", "FP32", "INT8")
+
+
+def rungs(cands) -> set[tuple[str, str]]:
+    return {c.numerics for c in cands}
+
+
+def test_no_bf16_or_fp16_rung_without_the_capability():
+    cands = space.space(2, BOTH, AVX2_CAPS, 8, 4)
+    assert rungs(cands) == {("onnxruntime", "origin"), ("openvino", "origin"), ("onnxruntime", "int8"),
+                            ("openvino", "int8-static"), ("onnxruntime", "int8-static")}
+    with_bf16 = space.space(2, BOTH, BF16_CAPS, 8, 4)
+    assert ("openvino", "bf16") in rungs(with_bf16)
+    assert ("openvino", "fp16") not in rungs(with_bf16)  # FP16 is not in those capabilities
+    assert ("openvino", "fp16") in rungs(space.space(2, BOTH, (*BF16_CAPS, "FP16"), 8, 4))
+
+
+def test_engines_not_installed_and_features_missing_give_no_candidates():
+    cands = space.space(2, ("onnxruntime",), BF16_CAPS, 8, 4, available=lambda feature: feature != "int8")
+    assert rungs(cands) == {("onnxruntime", "origin")}
+
+
+def test_full_space_is_the_product_of_the_dimensions_in_prior_order():
+    cands = space.space(4, BOTH, BF16_CAPS, 8, 4)
+    # numerics: ort origin, ov bf16, ort int8, ov int8-static, ov origin, ort int8-static; graph 2; layouts 1x4, 4x1,
+    # 2x2; delays 0/100/500
+    assert len(cands) == 6 * 2 * 3 * 3
+    assert len({c.key for c in cands}) == len(cands)
+    first = cands[0]
+    assert first.key == "ort-static-origin-1x4-d0"
+    assert first.scenario.static and first.scenario.buckets == (1, 2, 4, 8)
+    assert first.scenario.preferred_batch_sizes == (2, 4, 8)
+    scores = [sum(c.ranks) for c in cands]
+    assert scores == sorted(scores)
+    assert cands[-1].key == "ort-dynamic-int8-static-2x2-d500"
+    # each rung on its preferred engine first; a rung's other engines (origin on OpenVINO: rarely faster than ONNX
+    # Runtime's) after every preferred one
+    order = [n for n in dict.fromkeys(c.numerics for c in sorted(cands, key=lambda c: c.ranks))]
+    assert order == [("onnxruntime", "origin"), ("openvino", "bf16"), ("onnxruntime", "int8"),
+                     ("openvino", "int8-static"), ("openvino", "origin"), ("onnxruntime", "int8-static")]
+
+
+def test_pinned_layouts_divide_the_cores_and_stop_at_the_concurrency():
+    assert instance_layouts(4, 4) == [(1, 4), (4, 1), (2, 2)]
+    assert instance_layouts(4, 2) == [(1, 4), (2, 2)]
+    assert instance_layouts(6, 8) == [(1, 6), (6, 1), (3, 2), (2, 3)]
+    assert instance_layouts(1, 4) == [(1, 1)]
+    pinned = next(c for c in space.space(4, ("onnxruntime",), (), 8, 4) if c.scenario.instances == 2)
+    assert (pinned.scenario.cores_per_instance, pinned.scenario.intra_op_threads) == (2, 2)
+    assert pinned.scenario.requires == ("pinning",)
+    single = space.space(4, ("onnxruntime",), (), 8, 4)[0]
+    assert (single.scenario.instances, single.scenario.cores_per_instance) == (1, 0)
+
+
+def test_buckets_are_capped_by_max_batch_size_and_no_batching_without_it():
+    assert buckets_for(8) == (1, 2, 4, 8)
+    assert buckets_for(16) == (1, 2, 4, 8)
+    assert buckets_for(4) == (1, 2, 4)
+    assert buckets_for(3) == (1, 2, 3)
+    assert buckets_for(0) == ()
+    cands = space.space(2, ("onnxruntime",), (), 4, 2)
+    static = next(c for c in cands if c.scenario.static)
+    assert static.scenario.buckets == (1, 2, 4) and static.scenario.preferred_batch_sizes == (2, 4)
+    assert {c.choices()["delay"] for c in cands} == {0, 100, 500}
+    unbatched = space.space(2, ("onnxruntime",), (), 0, 2)
+    assert {c.choices()["delay"] for c in unbatched} == {None}
+    assert not any(c.scenario.dynamic_batching for c in unbatched)
+
+
+def test_static_left_out_when_the_model_cannot_have_it():
+    cands = space.space(2, ("onnxruntime",), (), 8, 2, static_ok=False)
+    assert cands and not any(c.scenario.static for c in cands)
+
+
+def test_quick_is_the_best_guess_and_one_change_of_each_dimension():
+    cands = space.space(2, BOTH, BF16_CAPS, 8, 2, quick=True)
+    assert 4 <= len(cands) <= 6
+    base = cands[0].choices()
+    assert cands[0].key == "ort-static-origin-1x2-d0"
+    changed = []
+    for cand in cands[1:]:
+        diff = [d for d, v in cand.choices().items() if v != base[d]]
+        assert len(diff) == 1, cand.key
+        changed.append(diff[0])
+    assert set(changed) == {"graph", "instances", "delay", "numerics"}
+    assert {c.numerics for c in cands} >= {("onnxruntime", "int8"), ("openvino", "bf16")}
+
+
+def test_a_new_precision_rung_is_one_line_in_the_table():
+    static_int8 = PrecisionRung("int8-static", "int8", ("onnxruntime",), parameters=(("quantization", "static"),), prior=2)
+    table = (*PRECISIONS, static_int8)
+    cands = space.space(2, ("onnxruntime",), (), 8, 2, table=table)
+    assert ("onnxruntime", "int8-static") in rungs(cands)
+    one = next(c for c in cands if c.rung.name == "int8-static")
+    assert one.scenario.precision == "int8" and one.key.startswith("ort-static-int8-static-")
+
+
+def test_accuracy_groups_name_each_engine_and_rung_once():
+    cands = space.space(2, BOTH, BF16_CAPS, 8, 2)
+    groups = space.accuracy_groups(cands)
+    assert [(e, r.name) for e, r in groups] == [("onnxruntime", "origin"), ("openvino", "bf16"),
+                                                ("onnxruntime", "int8"), ("openvino", "int8-static"),
+                                                ("openvino", "origin"), ("onnxruntime", "int8-static")]
+    assert space.accuracy_groups([replace(cands[0], kind="baseline")]) == []
+
+
+def test_labels_say_engine_graph_precision_layout_and_delay():
+    cands = space.space(2, BOTH, BF16_CAPS, 8, 2)
+    labels = {c.key: c.label for c in cands}
+    assert labels["ort-static-int8-2x1-d100"] == "onnxruntime static int8 2x1 core delay 100us"
+    assert labels["ov-dynamic-bf16-1x2-d0"] == "openvino dynamic bf16 1x2 cores delay 0us"
