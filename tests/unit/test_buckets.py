@@ -108,6 +108,16 @@ def test_bucket_runner_pads_runs_and_slices_back():
     assert sum(runner.runs_per_bucket.values()) == 2
 
 
+def test_a_request_that_is_a_bucket_runs_as_is_and_counts():
+    engine = RowSum(IMAGE_BUCKETS)
+    runner = BucketRunner("m", image_router(), engine, ["logits"])
+    image = np.random.rand(4, 3, 8, 8).astype(np.float32)
+    out = runner.run({"image": image})["logits"]
+    np.testing.assert_allclose(out[:, 0], image.reshape(4, -1).sum(axis=1), rtol=1e-5)
+    assert engine.calls == [4] and out.shape == (4, 2)
+    assert runner.padded_rows == 0 and runner.rows == 4 and sum(runner.runs_per_bucket.values()) == 1
+
+
 def test_bucket_runner_error_names_shapes_sent_and_compiled():
     runner = BucketRunner("m", image_router(), RowSum(IMAGE_BUCKETS), ["logits"])
     with pytest.raises(InvalidRequest) as info:

@@ -78,6 +78,8 @@ class BucketRunner:
                 f"model '{self.model}': input shapes {sent} match no compiled shape; compiled shapes: "
                 f"{' | '.join(self.router.describe())}"
             )
+        if len(plan) == 1 and self.router.buckets[plan[0].bucket] == shapes:
+            return self._run_exact(feeds, plan[0].bucket)  # the request is a bucket: nothing to pad or cut
         label_sizes = self.router.sizes_by_label(shapes)
         pieces = []
         for chunk in plan:
@@ -93,6 +95,15 @@ class BucketRunner:
         if len(pieces) == 1:
             return pieces[0]
         return {name: np.concatenate([p[name] for p in pieces], axis=0) for name in self.output_names}
+
+    def _run_exact(self, feeds: Tensors, bucket: int) -> dict[str, np.ndarray]:
+        outputs = run_engine(self.model, self.engine, feeds, self.output_names, bucket)
+        rows = self.router.batch_of(bucket) if self.router.batching else 1
+        if self.router.batching:
+            self._check_batch_axis(outputs, rows)
+        self.runs_per_bucket[bucket] += 1
+        self.rows += rows
+        return outputs
 
     def _check_batch_axis(self, outputs: Tensors, rows: int) -> None:
         """Cutting padded rows off is right only for outputs whose dim 0 is the batch: one whose size the data decides
