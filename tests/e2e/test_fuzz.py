@@ -481,7 +481,13 @@ def test_external_data_outside_the_model_folder_is_refused_at_load(fuzz_server):
 
 
 def our_processes(cli_pid: int) -> dict[int, tuple[str, float]]:
-    return {p.pid: (p.name(), p.create_time()) for p in psutil.Process(cli_pid).children(recursive=True)}
+    found = {}
+    for p in psutil.Process(cli_pid).children(recursive=True):
+        try:
+            found[p.pid] = (p.name(), p.create_time())
+        except psutil.NoSuchProcess:  # a short-lived helper that exited since it was listed
+            pass
+    return found
 
 
 def dead_processes(before: dict[int, tuple[str, float]]) -> list[str]:

@@ -38,6 +38,18 @@ dynamic_batching { preferred_batch_size: [ 16 ] max_queue_delay_microseconds: 30
 """
 
 
+def named(processes: list[psutil.Process], name: str) -> list[psutil.Process]:
+    """The processes called `name`, skipping any that exited since they were listed (the CLI's short-lived helpers)."""
+    found = []
+    for process in processes:
+        try:
+            if process.name() == name:
+                found.append(process)
+        except psutil.NoSuchProcess:
+            pass
+    return found
+
+
 @dataclass
 class Footprint:
     """Everything one `gebackend serve` made: its processes, its temp folder and the prefix of its /dev/shm regions."""
@@ -49,7 +61,7 @@ class Footprint:
     @classmethod
     def of(cls, server: RunningServer) -> "Footprint":
         children = psutil.Process(server.process.pid).children(recursive=True)
-        triton = next(p for p in children if p.name() == "tritonserver")
+        triton = named(children, "tritonserver")[0]
         args = triton.cmdline()
         backends = next(a.split("=", 1)[1] for a in args if a.startswith("--backend-directory="))
         prefix = next(a.split("shm-region-prefix-name=", 1)[1] for a in args if "shm-region-prefix-name=" in a)
@@ -270,11 +282,11 @@ def test_ctrl_c_while_models_load_stops_at_once(tmp_path):
     deadline = time.monotonic() + 60
     stubs: list[psutil.Process] = []
     while time.monotonic() < deadline and not stubs:
-        stubs = [p for p in psutil.Process(process.pid).children(recursive=True) if p.name() == "triton_python_backend_stub"]
+        stubs = named(psutil.Process(process.pid).children(recursive=True), "triton_python_backend_stub")
         time.sleep(0.05)
     assert stubs, log.read_text()[-2000:]
     processes = psutil.Process(process.pid).children(recursive=True)
-    workdirs = {Path(a.split("=", 1)[1]).parent for p in processes if p.name() == "tritonserver"
+    workdirs = {Path(a.split("=", 1)[1]).parent for p in named(processes, "tritonserver")
                 for a in p.cmdline() if a.startswith("--backend-directory=")}
     process.send_signal(signal.SIGINT)
     code = process.wait(timeout=30)
