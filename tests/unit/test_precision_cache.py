@@ -97,6 +97,17 @@ def test_second_load_reuses_without_quantizing(model, counting):
     assert dynamic.event == "quantized" and dynamic.path != first.path and counting == ["static", "dynamic"]
 
 
+def test_models_linked_into_several_repositories_share_one_entry(model, tmp_path, counting):
+    linked = []
+    for candidate in ("a", "b"):  # as the bench and tune lay out their candidates: the model file symlinked
+        path = tmp_path / "candidates" / candidate / "m" / "1" / "model.onnx"
+        path.parent.mkdir(parents=True)
+        path.symlink_to(model)
+        linked.append(_lower(path, quantization="static"))
+    assert [lowered.event for lowered in linked] == ["quantized", "reused"] and counting == ["static"]
+    assert linked[0].path.parent == model.parent / ".gebackend-cache" / "precision"
+
+
 def test_concurrent_loads_quantize_once(model, counting):
     results = []
     threads = [threading.Thread(target=lambda: results.append(_lower(model, quantization="static"))) for _ in range(3)]

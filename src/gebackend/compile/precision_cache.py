@@ -4,7 +4,8 @@ instance and every restart, instead of each instance quantizing again (seconds t
 Owns `lowered_model`, what runtime/loader.py calls: it resolves int8's `quantization` (compile/precision.py), gets
 the calibration samples (compile/calibration.py), and returns the cached file, building it on a miss.
 
-Where: `<model's version folder>/.gebackend-cache/precision/` when that folder is writable, else `$GE_CACHE_DIR/<model>/
+Where: `<model's version folder>/.gebackend-cache/precision/` (of the file a symlinked model points to) when that
+folder is writable, else `$GE_CACHE_DIR/<model>/
 precision/`, then `$XDG_CACHE_HOME` or `~/.cache` `/gebackend/<model>/precision/`, then the temp folder (cache_dir.py).
 An entry is `<model stem>.<mode>[-<quantization>].<key>.onnx` (plus `.data` for models over 1 GiB); its key is a
 sha256 of the model file's bytes and its external data files, the precision options (mode, quantization, engine,
@@ -124,7 +125,10 @@ def cached(model: str, model_path: Path, key: str, name: str, build: Callable[[P
            log: Callable[[str], None], what: str, verb: str, environ=os.environ) -> tuple[Path, str]:
     """The cached file for `key` (`name` with the key in it), made by `build(folder, file name)` on a miss;
     (its path, "quantized" | "reused")."""
-    folder = first_writable(candidates(model_path, model, LEAF, environ), "the lowered-precision model cache",
+    # beside the file a symlink points to: the repositories the bench and `gebackend tune` generate link one model
+    # file into each candidate's folder, and every candidate then reuses one entry
+    real = Path(os.path.realpath(model_path))
+    folder = first_writable(candidates(real, model, LEAF, environ), "the lowered-precision model cache",
                             "set precision_mode=origin")
     stem, _, suffix = name.rpartition(".")
     entry = folder / f"{stem}.{key[:20]}.{suffix}"
