@@ -126,8 +126,16 @@ def test_explain_gives_the_ratio_to_the_twin_that_differs_in_one_dimension():
     outcomes = [outcome(static, 118.0, "winner"), outcome(dynamic, 100.0), outcome(pinned, 50.0)]
     reasons = config_writer.explain(outcomes[0], outcomes, 4)
     assert reasons["graph"] == "1.18x the dynamic graph at concurrency 4 on this CPU (screening)"
-    assert reasons["instances"].startswith("2.36x 2 instances x 1 core at concurrency 4 on this CPU (screening; best such candidate:")
+    assert reasons["instances"] == ("2.36x 2 instances x 1 core at concurrency 4 on this CPU (screening; no twin measured, "
+                                    "nearest: onnxruntime dynamic origin 2x1 core delay 100us, which also differs in "
+                                    "graph, delay)")
     assert reasons["numerics"] == "no alternative was measured (pruned or out of time)"
+    # a slower candidate nearer the winner (one other difference, not two) is the one compared with
+    near = next(c for c in cs if c.key == "ort-static-origin-2x1-d100")
+    reasons = config_writer.explain(outcomes[0], outcomes + [outcome(near, 40.0)], 4)
+    assert reasons["instances"].startswith("2.95x 2 instances x 1 core at concurrency 4 on this CPU (screening; no twin "
+                                           "measured, nearest: onnxruntime static origin 2x1 core delay 100us, which "
+                                           "also differs in delay)")
 
 
 def fake_search(tmp_path):

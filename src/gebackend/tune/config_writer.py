@@ -147,7 +147,8 @@ def _screened(outcome) -> float | None:
 
 def explain(winner, outcomes: Sequence, concurrency: int) -> dict[str, str]:
     """dimension -> why the winner's value: its throughput over the best measured candidate that differs from it
-    in that dimension (one that differs in nothing else when there is one), both from their screening windows (the
+    in that dimension (one that differs in nothing else when there is one, else in the fewest other dimensions, and
+    then the reason says which), both from their screening windows (the
     one measurement every candidate has, made the same way). `winner` and `outcomes` are search.Outcome objects
     (anything with .candidate, .screen, .status and .cosine)."""
     mine = winner.candidate.choices()
@@ -161,11 +162,16 @@ def explain(winner, outcomes: Sequence, concurrency: int) -> dict[str, str]:
             out[dim] = (f"{rejected[0].candidate.describe(dim)} {rejected[0].status}" if rejected
                         else "no alternative was measured (pruned or out of time)")
             continue
-        twins = [o for o in others if all(o.candidate.choices()[d] == mine[d] for d in mine if d != dim)]
-        best = max(twins or others, key=_screened)
+        def also(o) -> list[str]:  # the other dimensions in which `o` differs from the winner
+            return [d for d in mine if d != dim and o.candidate.choices()[d] != mine[d]]
+
+        # the twin (differing in nothing else) where there is one, else the nearest measured: fewest other differences
+        fewest = min(len(also(o)) for o in others)
+        best = max((o for o in others if len(also(o)) == fewest), key=_screened)
         ratio = _screened(winner) / _screened(best)
         what = best.candidate.describe(dim)
-        where = "" if twins else f"; best such candidate: {best.candidate.label}"
+        where = "" if not fewest else (f"; no twin measured, nearest: {best.candidate.label}, which also differs in "
+                                       f"{', '.join(also(best))}")
         out[dim] = f"{ratio:.2f}x {what} at concurrency {concurrency} on this CPU (screening{where})"
         if dim == "numerics" and winner.cosine is not None:
             out[dim] += f"; cosine to fp32 {winner.cosine:.6f}"
