@@ -46,6 +46,7 @@ class AccuracyReport:
     per_output: tuple[OutputAccuracy, ...]
     input_shapes: Mapping[str, tuple[int, ...]]
     seed: int = 0
+    input_label: str = ""  # what the input was when not seeded random data (e.g. "the first calibration sample")
 
     def to_dict(self) -> dict:
         return {"max_abs_diff": self.max_abs_diff, "cosine": self.cosine, "seed": self.seed,
@@ -54,8 +55,8 @@ class AccuracyReport:
 
     def summary(self) -> str:
         shapes = " ".join(f"{n}:{','.join(map(str, s))}" for n, s in self.input_shapes.items())
-        return (f"max_abs_diff={self.max_abs_diff:.3g} cosine={self.cosine:.6f} "
-                f"(seeded random input {shapes}, seed {self.seed})")
+        source = f"{self.input_label} {shapes}" if self.input_label else f"seeded random input {shapes}, seed {self.seed}"
+        return f"max_abs_diff={self.max_abs_diff:.3g} cosine={self.cosine:.6f} ({source})"
 
     def format_text(self) -> str:
         lines = [self.summary()]
@@ -172,6 +173,7 @@ def accuracy_report(
     feeds: Mapping[str, np.ndarray],
     providers: Sequence = ("CPUExecutionProvider",),
     seed: int = 0,
+    input_label: str = "",
 ) -> AccuracyReport:
     """Run both models on `feeds` and compare each output of the reference with the lowered model's.
 
@@ -196,4 +198,5 @@ def accuracy_report(
         outputs,
         {n: tuple(a.shape) for n, a in feeds.items()},
         seed,
+        input_label,
     )

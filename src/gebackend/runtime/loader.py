@@ -54,15 +54,14 @@ def _lower(spec: ModelSpec, engine_kind, log: Callable[[str], None]) -> tuple[Mo
     label = f"{mode} static" if lowered.quantization == "static" else mode  # dynamic: the line as before static int8
     try:
         feeds = dict(lowered.check_feeds) if lowered.check_feeds is not None else random_feeds(spec.path, shapes)
-        report = accuracy_report(spec.path, lowered.path, feeds)
+        report = accuracy_report(spec.path, lowered.path, feeds,
+                                 input_label="the first calibration sample" if lowered.check_feeds is not None else "")
     except GeBackendError as exc:
         log(f"precision {mode}: no accuracy check: {exc}")
         if guard:
             return _fp32(spec, log, f"precision_min_cosine={guard} cannot be checked")
         return dataclasses.replace(spec, path=lowered.path), f"precision {label} (accuracy not checked), "
     for number, line in enumerate(report.format_text().splitlines()):
-        if number == 0 and lowered.check_feeds is not None:  # the report names its usual input
-            line = line.replace("seeded random input", "the first calibration sample").replace(", seed 0)", ")")
         log(f"precision {mode} vs fp32: {line}" if number == 0 else line)
     if guard and not report.cosine >= guard:
         return _fp32(spec, log, f"cosine similarity {report.cosine:.6f} to fp32 is below precision_min_cosine={guard}")
