@@ -41,6 +41,7 @@ import onnx
 from gebackend.bench import runner as bench_runner
 from gebackend.bench import server as bench_server
 from gebackend.bench import triton_stats
+from gebackend.compile.accuracy import random_feeds
 from gebackend.config import dtypes
 from gebackend.config.onnx_signature import read_signature
 from gebackend.modelzoo import build_add_mul
@@ -84,19 +85,13 @@ def _tensor_lines(kind: str, tensors, batched: bool) -> str:
     return f"{kind} [ {', '.join(entries)} ]\n"
 
 
-def _feeds(signature) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(0)
-    return {t.name: rng.standard_normal([d if isinstance(d, int) and d > 0 else 1 for d in t.shape])
-            .astype(t.dtype.numpy) for t in signature.inputs}
-
-
 def build_repository(repo: Path, name: str, model: onnx.ModelProto) -> tuple[dict[str, Path], dict[str, np.ndarray]]:
     """The four models of one ONNX file, and the request they all get."""
     path = repo / "_source" / f"{name}.onnx"
     path.parent.mkdir(parents=True, exist_ok=True)
     onnx.save(model, str(path))
     signature = read_signature(path)
-    feeds = _feeds(signature)
+    feeds = random_feeds(path)  # batch 1, seeded
     import onnxruntime as ort
 
     outputs = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, feeds)
