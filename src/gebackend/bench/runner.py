@@ -181,7 +181,8 @@ class Bench:
         self.log(f"bench: {tag}: {reason}")
         return None
 
-    def _run_scenario(self, model: BenchModel, path: Path, scenario: scenarios.Scenario, input_data: Path, feeds) -> dict:
+    def prepare(self, model: BenchModel, scenario: scenarios.Scenario) -> tuple[scenarios.Scenario, dict, str]:
+        """The scenario as it can run here, its result entry (status "not available" when it cannot) and its tag."""
         s = self.settings
         scenario, missing = scenarios.availability(scenario, s.peer_backend_dir)
         if scenario.is_peer and self.peer is None:
@@ -193,13 +194,20 @@ class Bench:
         if missing:
             result.update(status="not available", reason=missing.removeprefix("not available: "))
             self.log(f"bench: {tag}: {missing}")
-            return result
+            return scenario, result, tag
         if scenario.precision != "origin":
             ran = cpu.precision_run(scenario.precision, scenario.engine, scenario.quantization)
             result["precision_ran"] = ran.ran
             if ran.note:
                 result["notes"] = "; ".join(filter(None, [result["notes"], ran.note]))
                 self.log(f"bench: {tag}: {ran.note}")
+        return scenario, result, tag
+
+    def _run_scenario(self, model: BenchModel, path: Path, scenario: scenarios.Scenario, input_data: Path, feeds) -> dict:
+        s = self.settings
+        scenario, result, tag = self.prepare(model, scenario)
+        if result["status"] != "ok":
+            return result
         if scenario.ensemble:
             return ensemble_runner.run(self, model, path, scenario, result, tag)
         repo = scenarios.write_repository(self.dir / "repos" / model.name / scenario.name, model, scenario, path)
