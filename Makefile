@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 REPO := examples/model_repository
 CNCLIP_REPO := examples/cnclip_repository
 
-.PHONY: setup models serve test clean tools cnclip serve-cnclip image deploy-tools
+.PHONY: setup models serve test clean tools peer cnclip serve-cnclip image deploy-tools
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -40,6 +40,12 @@ test: setup
 # perf_analyzer (from the tritonclient 2.41.0 wheel, unpacked only) into tools/ for `gebackend bench`
 tools: $(STAMP)
 	bash tools/install_perf_analyzer.sh $(PY)
+
+# The peer the bench compares with: Triton's C++ onnxruntime backend (r24.10, CPU only) built against the pinned
+# onnxruntime wheel's library into peer-backend/ (git-ignored, never shipped); needs cmake, g++, rapidjson-dev and
+# googletest. PEER_ARGS='--src DIR --ort-include DIR' builds from local checkouts. docs/tuning.md#the-peer
+peer: $(STAMP)
+	bash tools/build_peer_backend.sh --python $(PY) $(PEER_ARGS)
 
 clean:
 	rm -rf $(VENV) $(REPO)/*/[0-9]*/ $(CNCLIP_REPO)/*/[0-9]*/
