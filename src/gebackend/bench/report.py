@@ -147,7 +147,7 @@ def markdown(summary: Mapping, wanted: int = 4) -> str:
                 f"| {line['scenario']} ({line['title']}) | {_fmt(line['throughput'], '.1f')} | {_fmt(line['p50_ms'], '.2f')} "
                 f"| {_fmt(line['p99_ms'], '.2f')} | {_fmt(line['x_naive'], '.2f', 'x')} "
                 f"| {_fmt(line['ceiling_throughput'], '.1f')} | {_fmt(None if line['of_ceiling'] is None else line['of_ceiling'] * 100, '.0f', '%')} "
-                f"| {_fmt(delta, '+.2f')} | {_fmt(line['cosine'], '.6f')} | {_fmt(line['x_peer'], '.2f', 'x')} | {notes} |")
+                f"| {_fmt(delta, '+.2f')} | {_fmt(line['cosine'], '.6f')} | {peer_cell(line['x_peer'], res, line['concurrency'])} | {notes} |")
         out += ["", "All concurrency levels (served; ceiling in brackets):", "",
                 "| scenario | concurrency | throughput | p50 ms | p90 ms | p99 ms | server queue ms | compute ms "
                 "| × onnxruntime backend |",
@@ -161,10 +161,17 @@ def markdown(summary: Mapping, wanted: int = 4) -> str:
                            + row.get("server_compute_output_us", 0)) / 1000
                 out.append(f"| {res['name']} | {row['concurrency']} | {row['throughput']:.1f}{extra} | {row['p50_us'] / 1000:.2f} "
                            f"| {row['p90_us'] / 1000:.2f} | {row['p99_us'] / 1000:.2f} | {row.get('server_queue_us', 0) / 1000:.2f} | {compute:.2f} "
-                           f"| {_fmt(ratios.get(res['name'], {}).get(str(int(row['concurrency']))), '.2f', 'x')} |")
+                           f"| {peer_cell(ratios.get(res['name'], {}).get(str(int(row['concurrency']))), res, row['concurrency'])} |")
         out += ensemble_markdown(model)
         out.append("")
     return "\n".join(out)
+
+
+def peer_cell(ratio: float | None, result: Mapping, concurrency) -> str:
+    """The × onnxruntime backend cell: the ratio of medians, and with --interleave the median of per-round ratios."""
+    paired = (result.get("x_peer_paired") or {}).get(str(int(concurrency))) if concurrency is not None else None
+    text = _fmt(ratio, ".2f", "x")
+    return text if paired is None or result.get("peer") else f"{text} (paired {paired:.2f}x)"
 
 
 def _ms(us: float | None) -> float | None:

@@ -10,6 +10,8 @@ Layout of a run folder:
 Where Triton's onnxruntime backend is found (gebackend.bench.peer: --peer-backend-dir, $GE_PEER_BACKEND_DIR or
 /opt/tritonserver/backends), its scenarios run after the others of each model, in the same run, and every
 scenario's throughput is reported over the peer's at the same concurrency (summary.json: `x_onnxruntime_backend`).
+With `interleave`, a model's scenarios share one server and are measured in interleaved rounds instead
+(gebackend.bench.interleaved_runner; repos/<model>/interleaved/, logs/<model>_interleaved.serve.log).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Callable, Sequence
 
-from gebackend.bench import ensemble_runner, inprocess, peer, perf_analyzer, report, scenarios, server
+from gebackend.bench import ensemble_runner, inprocess, interleaved_runner, peer, perf_analyzer, report, scenarios, server
 from gebackend.bench.models import DEFAULT_CACHE, BenchModel, models as known_models
 from gebackend.engines import cpu
 
@@ -52,6 +54,7 @@ class BenchSettings:
     rounds: int = 3  # `NAME+ensemble` scenarios: interleaved rounds of bare encoder vs ensemble, medians reported
     peer_backend_dir: Path | None = None  # Triton's onnxruntime backend (None: $GE_PEER_BACKEND_DIR, NGC's folder)
     with_peer: bool | None = None  # add the peer scenarios: None where the peer is found, True always, False never
+    interleave: bool = False  # every scenario of a model in one server, `rounds` interleaved rounds (interleaved_runner)
 
     @classmethod
     def quick_preset(cls, **overrides) -> "BenchSettings":
@@ -153,6 +156,10 @@ class Bench:
         entry["size_mb"] = round(path.stat().st_size / 2**20, 1)
         feeds = model.sample_inputs(1, seed=0)
         input_data = perf_analyzer.write_input_data(self.dir / f"inputs_{model.name}.json", feeds)
+        if s.interleave:
+            entry["scenarios"] = interleaved_runner.run(self, model, path, chosen, input_data)
+            self._save()
+            return
         for scenario in chosen:
             result = self._run_scenario(model, path, scenario, input_data, feeds)
             entry["scenarios"].append(result)

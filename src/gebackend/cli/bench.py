@@ -43,8 +43,11 @@ def add_parser(subparsers) -> None:
     p.add_argument("--stability", type=int, help="perf_analyzer -s, percent (default 20; quick 40)")
     p.add_argument("--max-trials", type=int, help="perf_analyzer -r (default 6; quick 4)")
     p.add_argument("--protocol", choices=("grpc", "http"), help="perf_analyzer -i (default grpc)")
-    p.add_argument("--rounds", type=int, help="NAME+ensemble scenarios: interleaved rounds of bare encoder and "
-                   "ensemble per concurrency level, medians reported (default 3)")
+    p.add_argument("--rounds", type=int, help="NAME+ensemble scenarios and --interleave: interleaved rounds per "
+                   "concurrency level, medians reported (default 3)")
+    p.add_argument("--interleave", action="store_true",
+                   help="serve all of a model's scenarios (the peer's too) in one server and measure them in "
+                        "--rounds interleaved rounds, so a drifting load hits all alike; no in-process ceiling")
     p.add_argument("--no-ceiling", action="store_true", help="skip the in-process ceiling")
     p.add_argument("--ceiling-for", type=_names, metavar="SCENARIOS",
                    help="measure the in-process ceiling only for these scenarios (default: every ge scenario)")
@@ -108,7 +111,8 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
     with_peer = True if args.peer_backend_dir is not None else (False if args.scenarios else None)
     overrides = dict(models=args.models, scenarios=args.scenarios, concurrency=args.concurrency, headline=args.headline,
                      ceiling_seconds=args.ceiling_seconds, ceiling_for=args.ceiling_for, rounds=args.rounds,
-                     peer_backend_dir=args.peer_backend_dir, with_peer=with_peer)
+                     peer_backend_dir=args.peer_backend_dir, with_peer=with_peer,
+                     interleave=args.interleave or None)
     settings = replace(base, perf=perf, out=args.out, cache=args.cache, ceiling=not args.no_ceiling,
                        **{k: v for k, v in overrides.items() if v is not None})
     signal.signal(signal.SIGTERM, _interrupt)  # stop the scenario's server and write the partial summary
