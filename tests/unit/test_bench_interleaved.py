@@ -41,3 +41,19 @@ def test_the_report_cell_shows_the_paired_ratio_beside_the_ratio_of_medians():
     assert report.peer_cell(1.2, result, 1) == "1.20x"
     assert report.peer_cell(1.0, {"peer": True, "x_peer_paired": {"4": 1.0}}, 4) == "1.00x"
     assert report.peer_cell(None, {}, 4) == "–"
+
+
+def test_an_interrupted_run_keeps_the_medians_of_what_it_measured():
+    from gebackend.bench import scenarios
+
+    ge, peer = scenarios.select(["ge_dynamic"])[0], scenarios.PEERS["peer"]
+    ready = [(ge, {"name": ge.name, "rows": [], "notes": "", "status": "ok"}),
+             (peer, {"name": peer.name, "rows": [], "notes": "", "status": "ok", "peer": True})]
+    runs = [{**_run(1, "ge_dynamic", 4, 30.0), "unstable": False}, {**_run(1, "peer", 4, 20.0), "unstable": False},
+            {**_run(2, "ge_dynamic", 4, 10.0), "unstable": True}]  # round 2 stopped before the peer ran
+    il._aggregate(ready, runs, rounds=3, concurrency=[4])
+    result = ready[0][1]
+    assert result["rows"][0]["throughput"] == pytest.approx(20.0) and result["rounds"] == 2
+    assert result["x_peer_paired"] == {"4": pytest.approx(1.5)}  # round 1 only: round 2 has no peer
+    assert "interleaved: medians of 2 round(s) in one server; no in-process ceiling (interrupted: 3 asked)" in result["notes"]
+    assert "c=4: 1 run(s) measured only with perf_analyzer's loose retry" in result["notes"]

@@ -61,13 +61,14 @@ def paired_peer_ratios(runs: Sequence[Mapping], peers: Sequence[str]) -> dict[st
             for name, levels in ratios.items()}
 
 
-def run(bench, model, path: Path, chosen: Sequence[scenarios.Scenario], input_data: Path) -> list[dict]:
-    """The result entries of `chosen` for `model` (runner.Bench's), measured in one server in rounds."""
+def run(bench, model, path: Path, chosen: Sequence[scenarios.Scenario], input_data: Path, results: list) -> list[dict]:
+    """Fill `results` (the model entry's scenario list, runner.Bench's) with `chosen` for `model`, measured in one
+    server in rounds. Interrupted (Ctrl-C, SIGTERM), what the rounds measured so far is still aggregated."""
     s = bench.settings
-    results, ready = [], []
+    ready = []
     for scenario in chosen:
         scenario, result, _ = bench.prepare(model, scenario)
-        results.append(result)
+        results.append(result)  # in place: the summary keeps what was measured if a round is interrupted
         if result["status"] != "ok":
             continue
         if scenario.ensemble:
@@ -96,6 +97,8 @@ def run(bench, model, path: Path, chosen: Sequence[scenarios.Scenario], input_da
             result.update(status="failed", reason=str(exc).splitlines()[0] + " (see logs)")
         return results
     startup_s = round(time.monotonic() - srv.started, 1)
+    for _, result in ready:
+        result["startup_s"] = startup_s
     failed = srv.failures()  # a model that did not load loses only itself; the others are measured
     for _, result in ready:
         if result["served_as"] in failed:
@@ -124,22 +127,29 @@ def run(bench, model, path: Path, chosen: Sequence[scenarios.Scenario], input_da
                                   f"infer/s p50 {row['p50_us'] / 1000:.2f} ms")
     finally:
         srv.stop()
+        _aggregate(ready, runs, s.rounds, s.concurrency)
+    return results
+
+
+def _aggregate(ready: Sequence[tuple[scenarios.Scenario, dict]], runs: Sequence[dict], rounds: int,
+               concurrency: Sequence[int]) -> None:
+    """Each scenario's runs, medians per level and paired ratios into its result entry."""
+    measured = max((x["round"] for x in runs), default=0)
     paired = paired_peer_ratios(runs, [sc.name for sc, _ in ready if sc.is_peer])
     for scenario, result in ready:
         mine = [x for x in runs if x["scenario"] == scenario.name]
-        result.update(startup_s=startup_s, runs=mine, rounds=s.rounds,
-                      x_peer_paired=paired.get(scenario.name, {}))
-        for level in s.concurrency:
+        result.update(runs=mine, rounds=measured, x_peer_paired=paired.get(scenario.name, {}))
+        for level in concurrency:
             row = median_rows([x["row"] for x in mine if x["concurrency"] == level])
             if row:
                 result["rows"].append(row)
             unstable = sum(x["unstable"] for x in mine if x["concurrency"] == level)
             if unstable:
                 _note(result, f"c={level}: {unstable} run(s) measured only with perf_analyzer's loose retry (-s 1000)")
-        _note(result, f"interleaved: medians of {s.rounds} round(s) in one server; no in-process ceiling")
+        _note(result, f"interleaved: medians of {measured} round(s) in one server; no in-process ceiling"
+                      + (f" (interrupted: {rounds} asked)" if measured < rounds else ""))
         if not result["rows"]:
             result.update(status="failed", reason="perf_analyzer measured nothing in any round")
-    return results
 
 
 def _note(result: dict, *texts: str) -> None:

@@ -157,8 +157,10 @@ class Bench:
         feeds = model.sample_inputs(1, seed=0)
         input_data = perf_analyzer.write_input_data(self.dir / f"inputs_{model.name}.json", feeds)
         if s.interleave:
-            entry["scenarios"] = interleaved_runner.run(self, model, path, chosen, input_data)
-            self._save()
+            try:
+                interleaved_runner.run(self, model, path, chosen, input_data, entry["scenarios"])
+            finally:
+                self._save()
             return
         for scenario in chosen:
             result = self._run_scenario(model, path, scenario, input_data, feeds)
