@@ -167,6 +167,7 @@ _KEYS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "graph.ge.dynamicNodeType": ("dynamic_node_type", str.strip),
     "bucket_fallback": ("bucket_fallback", _choice({"error": "error", "dynamic": "dynamic"})),
     "bucket_paddable_dims": ("bucket_paddable_dims", _name_list),
+    "bucket_plan": ("bucket_plan", _choice({"measured": "measured", "smallest": "smallest"})),
     "fold_size_limit": ("fold_size_limit", _non_negative_int),
     "enable_cuda_graph": ("enable_cuda_graph", _bool),
     "profiling": ("profiling", _choice({"off": "off", "false": "off", "0": "off", "true": "true", "1": "true",
