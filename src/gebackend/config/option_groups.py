@@ -31,6 +31,9 @@ class OrtSessionOptions:
     disabled_optimizers: tuple[str, ...] | None = None
     disable_prepacking: bool = False  # ORT packs MatMul weights per session: off saves ~the MatMul weights per bucket
     allow_spinning: str = "auto"  # ORT intra-op spinning: "auto" (off when pinned instances share cores) | "on" | "off"
+    # ORT's session.force_spinning_stop: intra-op threads stop spinning as soon as a run returns ("on"), or spin on
+    # for a while after it ("off"); "auto": ORT's default (off)
+    force_spinning_stop: str = "auto"
 
 
 @dataclass(frozen=True)

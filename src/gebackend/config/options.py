@@ -183,6 +183,8 @@ _KEYS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "pin_instances": ("pin_instances", _choice({"auto": "auto", **{k: "on" for k in _TRUE}, **{k: "off" for k in _FALSE}})),
     "disable_prepacking": ("disable_prepacking", _bool),
     "allow_spinning": ("allow_spinning", _choice({"auto": "auto", **{k: "on" for k in _TRUE}, **{k: "off" for k in _FALSE}})),
+    "force_spinning_stop": ("force_spinning_stop", _choice({"auto": "auto", **{k: "on" for k in _TRUE},
+                                                            **{k: "off" for k in _FALSE}})),
     "hang_timeout_s": ("hang_timeout_s", _non_negative_seconds),
     "device_ids": ("device_ids", _device_ids),
     "device_exec_blocks": ("device_exec_blocks", _exec_blocks),
