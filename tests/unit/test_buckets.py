@@ -7,7 +7,7 @@ import pytest
 
 from gebackend.engines.base import Engine, EngineInputError, StaticEngine
 from gebackend.errors import InvalidRequest
-from gebackend.runtime.buckets import BucketRouter, Chunk
+from gebackend.runtime.buckets import BucketRouter, Chunk, cheapest_cover
 from gebackend.runtime.runners import BucketRunner
 
 IMAGE_BUCKETS = [{"image": (b, 3, 8, 8)} for b in (1, 2, 4, 8)] + [{"image": (2, 3, 16, 16)}]
@@ -26,6 +26,39 @@ def test_batch_goes_to_smallest_bucket_that_holds_it(rows, expected):
 def test_oversize_batch_is_split_into_several_runs():
     plan = image_router().plan({"image": (19, 3, 8, 8)})
     assert plan == [Chunk(3, 0, 8), Chunk(3, 8, 16), Chunk(2, 16, 19)]
+
+
+# Measured costs of one run of buckets 1/2/4/8 (8x8 images) and of the 16x16 one: a compute-bound model on 2 cores,
+# whose run costs ~ a row's compute times its batch, plus a small fixed cost.
+LINEAR_COSTS = [1.1, 2.1, 4.1, 8.1, 4.0]
+
+
+def costed_router(costs):
+    return BucketRouter(IMAGE_BUCKETS, True, {"image": [None, None, None]}, {"logits": [None]}, costs=costs)
+
+
+@pytest.mark.parametrize("rows,expected", [
+    (1, [(0, 1)]), (2, [(1, 2)]), (3, [(1, 2), (0, 1)]), (4, [(2, 4)]), (5, [(2, 4), (0, 1)]),
+    (6, [(2, 4), (1, 2)]), (7, [(2, 4), (1, 2), (0, 1)]), (8, [(3, 8)]), (19, [(3, 8), (3, 8), (1, 2), (0, 1)]),
+])
+def test_measured_costs_split_a_batch_where_padding_would_cost_more(rows, expected):
+    plan = costed_router(LINEAR_COSTS).plan({"image": (rows, 3, 8, 8)})
+    assert [(c.bucket, c.rows) for c in plan] == expected
+    assert [c.start for c in plan] == [sum(r for _, r in expected[:k]) for k in range(len(expected))]  # rows in order
+
+
+def test_measured_costs_pad_where_a_run_costs_more_than_its_rows():
+    # A small model on many threads: a run's fixed cost dominates, so padding 3 to 4 beats running 2 and 1.
+    plan = costed_router([1.0, 1.05, 1.1, 1.3, 1.0]).plan({"image": (3, 3, 8, 8)})
+    assert [(c.bucket, c.rows) for c in plan] == [(2, 3)]
+    plan = costed_router([1.0, 1.05, 1.1, 1.3, 1.0]).plan({"image": (5, 3, 8, 8)})
+    assert [(c.bucket, c.rows) for c in plan] == [(3, 5)]
+
+
+def test_the_cheapest_cover_takes_the_fewest_runs_on_a_tie():
+    assert cheapest_cover(4, [1, 2, 4], [1.0, 2.0, 4.0]) == [2]  # 4 = 2+2 = 1+1+1+1 at the same cost: one run
+    assert cheapest_cover(0, [1, 2], [1.0, 2.0]) == []
+    assert cheapest_cover(3, [4], [5.0]) == [0]
 
 
 def test_non_batch_axes_must_match_exactly():
@@ -106,6 +139,15 @@ def test_bucket_runner_pads_runs_and_slices_back():
     assert [IMAGE_BUCKETS[b]["image"][0] for b in engine.buckets_run] == [8, 4]  # the router's buckets, by index
     assert runner.padded_rows == 1 and runner.rows == 12
     assert sum(runner.runs_per_bucket.values()) == 2
+
+
+def test_with_measured_costs_the_runner_splits_instead_of_padding():
+    engine = RowSum(IMAGE_BUCKETS)
+    runner = BucketRunner("m", costed_router(LINEAR_COSTS), engine, ["logits"])
+    image = np.random.rand(7, 3, 8, 8).astype(np.float32)
+    out = runner.run({"image": image})["logits"]
+    np.testing.assert_allclose(out[:, 0], image.reshape(7, -1).sum(axis=1), rtol=1e-5)  # rows back in order
+    assert engine.calls == [4, 2, 1] and runner.padded_rows == 0 and runner.rows == 7
 
 
 def test_a_request_that_is_a_bucket_runs_as_is_and_counts():

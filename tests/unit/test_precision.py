@@ -272,6 +272,15 @@ def test_allow_spinning_reaches_the_session_options():
         "session.intra_op.allow_spinning") == "1"
 
 
+def test_force_spinning_stop_reaches_the_session_options():
+    from gebackend.config.options import parse_options
+    from gebackend.engines.onnxruntime import session_options
+
+    parsed = parse_options("m", {}, {"force_spinning_stop": "1"}).options
+    assert parsed.session.force_spinning_stop == "on"
+    assert session_options(parsed.session).get_session_config_entry("session.force_spinning_stop") == "1"
+
+
 def test_static_engine_with_overrides_equals_dynamic(tmp_path):
     path = tmp_path / "add_mul.onnx"
     onnx.save(build_add_mul(), str(path))

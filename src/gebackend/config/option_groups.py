@@ -31,6 +31,9 @@ class OrtSessionOptions:
     disabled_optimizers: tuple[str, ...] | None = None
     disable_prepacking: bool = False  # ORT packs MatMul weights per session: off saves ~the MatMul weights per bucket
     allow_spinning: str = "auto"  # ORT intra-op spinning: "auto" (off when pinned instances share cores) | "on" | "off"
+    # ORT's session.force_spinning_stop: intra-op threads stop spinning as soon as a run returns ("on"), or spin on
+    # for a while after it ("off"); "auto": ORT's default (off)
+    force_spinning_stop: str = "auto"
 
 
 @dataclass(frozen=True)
@@ -43,6 +46,9 @@ class StaticGraphOptions:
     dynamic_node_type: str = ""  # ge-backend's graph.ge.dynamicNodeType: accepted, nothing to do on these engines
     bucket_fallback: str = "error"  # a request that fits no bucket: "error" (400) or "dynamic" (run unspecialised)
     bucket_paddable_dims: tuple[str, ...] = ()  # ONNX dim names (e.g. "sequence") a request may be zero-padded along
+    # how a batch is covered by buckets: "measured" (each bucket's run timed at load; pad or split, whichever costs
+    # less: runtime/bucket_costs.py) or "smallest" (always the smallest bucket that holds it, padded)
+    bucket_plan: str = "measured"
     fold_size_limit: int = 1 << 20  # bytes: a folded constant larger than this stays unfolded
     enable_cuda_graph: bool = True  # capture static graphs as CUDA graphs when the CUDA provider runs them
 

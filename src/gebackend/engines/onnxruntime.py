@@ -66,6 +66,8 @@ def session_options(options: OrtSessionOptions) -> ort.SessionOptions:
         so.add_session_config_entry("session.disable_prepacking", "1")
     if options.allow_spinning != "auto":  # pinned instances sharing cores turn it off (runtime/pinning.py)
         so.add_session_config_entry("session.intra_op.allow_spinning", "1" if options.allow_spinning == "on" else "0")
+    if options.force_spinning_stop == "on":
+        so.add_session_config_entry("session.force_spinning_stop", "1")
     return so
 
 
@@ -110,6 +112,7 @@ def describe_provider(selection: Selection) -> str:
 def describe_tuning(options: OrtSessionOptions, disabled: Sequence[str]) -> str:
     """The tuning part of an engine's load line: spinning, disabled optimizers and where they come from."""
     text = f" allow_spinning={options.allow_spinning}" if options.allow_spinning != "auto" else ""
+    text += f" force_spinning_stop={options.force_spinning_stop}" if options.force_spinning_stop != "auto" else ""
     if disabled:
         origin = "default; disabled_optimizers=none keeps them" if options.disabled_optimizers is None else "disabled_optimizers"
         text += f" disabled_optimizers={','.join(disabled)} ({origin})"

@@ -4,6 +4,12 @@ Pure logic on shapes and numpy arrays. A batch goes to the smallest bucket that 
 axis is zero-padded up to the bucket's batch; other axes must match exactly unless they carry a
 named dim declared paddable (e.g. `sequence`), which is zero-padded too. A batch larger than the
 largest bucket is split into several runs.
+
+Where each bucket's cost of one run was measured at load (`costs`, runtime/bucket_costs.py), a batch is
+covered by the cheapest sequence of runs instead (`cheapest_cover`): on 2 cores a batch of 3 padded to
+bucket 4 costs a whole fourth row of compute, while runs of 2 and 1 may cost less; a batch of 5 on
+buckets 1/2/4/8 may run as 4 + 1 rather than padded to 8. Padding still wins where a run's fixed cost
+is large next to a row's (small models, many threads), and the measured costs say which.
 """
 
 from __future__ import annotations
@@ -30,6 +36,23 @@ class Chunk:
         return self.stop - self.start
 
 
+def cheapest_cover(rows: int, batches: Sequence[int], costs: Sequence[float]) -> list[int]:
+    """Positions into `batches` whose runs cover `rows` rows at the least total cost (the last run of a bucket
+    may be padded), largest runs first; ties go to fewer runs. `costs[i]` is the cost of one run of `batches[i]`."""
+    if rows <= 0:
+        return []
+    best: list[tuple[float, int, int]] = [(0.0, 0, -1)] * (rows + 1)  # (cost, runs, choice) to cover n rows
+    for n in range(1, rows + 1):
+        best[n] = min((best[max(0, n - b)][0] + c, best[max(0, n - b)][1] + 1, i)
+                      for i, (b, c) in enumerate(zip(batches, costs)))
+    chosen, n = [], rows
+    while n > 0:
+        i = best[n][2]
+        chosen.append(i)
+        n = max(0, n - batches[i])
+    return sorted(chosen, key=lambda i: -batches[i])
+
+
 class BucketRouter:
     def __init__(
         self,
@@ -38,9 +61,12 @@ class BucketRouter:
         input_labels: Mapping[str, Sequence[str | None]],
         output_labels: Mapping[str, Sequence[str | None]],
         paddable: Sequence[str] = (),
+        costs: Sequence[float] | None = None,
     ):
-        """`*_labels`: the ONNX dim name of every axis *after* the batch axis (None when unnamed)."""
+        """`*_labels`: the ONNX dim name of every axis *after* the batch axis (None when unnamed); `costs`: the
+        measured cost of one run of each bucket (None: the smallest bucket that holds a batch, always)."""
         self.buckets = [dict(b) for b in buckets]
+        self.costs = None if costs is None else [float(c) for c in costs]
         self.batching = batching
         self.paddable = set(paddable)
         offset = 1 if batching else 0
@@ -93,6 +119,14 @@ class BucketRouter:
         by_batch = sorted(same_inner, key=lambda i: self.batch_of(i))
         rows = next(iter(shapes.values()))[0]
         chunks, start = [], 0
+        if self.costs is not None:
+            cover = cheapest_cover(rows, [self.batch_of(i) for i in by_batch], [self.costs[i] for i in by_batch])
+            for position in cover:
+                take = min(rows - start, self.batch_of(by_batch[position]))
+                if take > 0:  # (positive costs never choose a run with nothing left to take)
+                    chunks.append(Chunk(by_batch[position], start, start + take))
+                    start += take
+            return chunks
         largest = by_batch[-1]
         while start < rows:
             left = rows - start

@@ -18,6 +18,7 @@ from gebackend.control.env import server_temp_parent
 from gebackend.engines import create_engine, create_static_engine, engine_name
 from gebackend.engines.registry import kind
 from gebackend.errors import GeBackendError, ModelLoadError
+from gebackend.runtime import bucket_costs
 from gebackend.runtime.buckets import BucketRouter
 from gebackend.runtime.executor import Executor
 from gebackend.runtime.runners import BucketRunner, DynamicRunner
@@ -98,13 +99,19 @@ def _build(spec: ModelSpec, providers: Sequence, log: Callable[[str], None]) -> 
 
 
 def _static_executor(spec: ModelSpec, providers: Sequence, log: Callable[[str], None], output_names) -> tuple[Executor, str]:
-    engine = _static_engine(spec, providers, log)
+    engine, timable = _static_engine(spec, providers, log)
+    costs = None
+    if timable and bucket_costs.worth_measuring(spec):
+        costs = bucket_costs.measure(engine, spec, output_names)
+        if costs is not None:
+            log(bucket_costs.describe(spec, costs))
     router = BucketRouter(
         spec.static_shapes,
         spec.batching,
         {t.name: t.labels for t in spec.inputs},
         {t.name: t.labels for t in spec.outputs},
         spec.options.static.bucket_paddable_dims,
+        costs,
     )
     fallback = create_engine(spec, providers) if spec.options.static.bucket_fallback == "dynamic" else None
     runner = BucketRunner(spec.name, router, engine, output_names, fallback)
@@ -114,7 +121,8 @@ def _static_executor(spec: ModelSpec, providers: Sequence, log: Callable[[str], 
 
 
 def _static_engine(spec: ModelSpec, providers: Sequence, log: Callable[[str], None]):
-    """Compile every shape of a static spec through the passes, log the doctor's report, build the engine."""
+    """Compile every shape of a static spec through the passes, log the doctor's report, build the engine; also
+    whether zeros are a valid input of every compiled graph (none reads a shape from an input's values)."""
     from gebackend.compile.pipeline import compile_static
 
     graphs, report = compile_static(spec.path, spec.static_shapes, spec.options.static.fold_size_limit, log)
@@ -124,9 +132,10 @@ def _static_engine(spec: ModelSpec, providers: Sequence, log: Callable[[str], No
         for line in report.format_text().splitlines():
             log(f"graph doctor: {line}")
     engine = create_static_engine(spec, graphs, providers, temp_parent=server_temp_parent())
+    timable = not any(graph.reads_shape_values for graph in graphs)  # zeros are a valid input for every bucket
     del graphs  # the engine keeps files, not models: the weights live once, in the engine
     _return_freed_memory()
-    return engine
+    return engine, timable
 
 
 def _dump(spec: ModelSpec, graphs, log: Callable[[str], None]) -> None:

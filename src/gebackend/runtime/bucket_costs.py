@@ -1,0 +1,87 @@
+"""What one run of each static bucket costs on this machine, measured at load, for the router's choice between
+padding a batch up to a bucket and splitting it into smaller runs (runtime/buckets.py: `cheapest_cover`).
+
+Measured, not assumed: whether a batch of 3 is cheaper padded to bucket 4 or run as 2 + 1 depends on how a run's
+fixed cost compares with a row's compute, which differs by model, engine, threads and CPU. Each bucket runs on
+zeros (the warm-up's input) `rounds` times, round-robin over the buckets so that a load spike on a shared machine
+hits all of them alike, and a bucket's cost is its least time: the run least disturbed by others. Not measured,
+so the router pads as it always did: models without batching, a single batch size per inner shape (there is
+nothing to choose), graphs whose input values decide a shape (zeros are no valid input there), and any bucket
+that fails to run on zeros. `bucket_plan=smallest` switches the measurement off.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable, Mapping, Sequence
+
+import numpy as np
+
+from gebackend.config.spec import ModelSpec
+from gebackend.engines.base import StaticEngine
+
+ROUNDS = 3
+
+
+def worth_measuring(spec: ModelSpec) -> bool:
+    """Only a batching model with two batch sizes compiled for one inner shape has a choice to make."""
+    if not spec.batching or spec.options.static.bucket_plan != "measured":
+        return False
+    inner: dict[tuple, set[int]] = {}
+    for shapes in spec.static_shapes:
+        first = next(iter(shapes.values()), ())
+        if not first:
+            return False  # rank-0 inputs: no batch axis to split along
+        key = tuple((name, tuple(shape[1:])) for name, shape in shapes.items())
+        inner.setdefault(key, set()).add(int(first[0]))
+    return any(len(batches) > 1 for batches in inner.values())
+
+
+def zeros(spec: ModelSpec, shapes: Mapping[str, Sequence[int]]) -> dict[str, np.ndarray]:
+    """The warm-up's input for one bucket: zeros of each input's type (empty strings for BYTES)."""
+    out = {}
+    for tensor in spec.inputs:
+        shape = tuple(shapes[tensor.name])
+        dtype = tensor.dtype.numpy
+        out[tensor.name] = np.full(shape, "", dtype=object) if dtype == np.object_ else np.zeros(shape, dtype=dtype)
+    return out
+
+
+def measure(engine: StaticEngine, spec: ModelSpec, output_names: Sequence[str], rounds: int = ROUNDS,
+            clock: Callable[[], float] = time.perf_counter) -> list[float] | None:
+    """Seconds of one run of each bucket (engine bucket i = spec.static_shapes[i]), or None if any failed."""
+    feeds = [zeros(spec, shapes) for shapes in spec.static_shapes]
+    best = [float("inf")] * len(feeds)
+    try:
+        for _ in range(rounds):
+            for index, feed in enumerate(feeds):
+                start = clock()
+                engine.run_bucket(index, feed, output_names)
+                best[index] = min(best[index], clock() - start)
+    except Exception:  # noqa: BLE001 - zeros are no valid input for some models: then the router pads, as before
+        return None
+    return best
+
+
+def describe(spec: ModelSpec, costs: Sequence[float]) -> str:
+    """The load line: each bucket's measured cost and, per batch size up to the largest bucket, how it runs."""
+    from gebackend.runtime.buckets import cheapest_cover
+
+    parts = []
+    for shapes, cost in zip(spec.static_shapes, costs):
+        label = ";".join(f"{n}:{','.join(map(str, s))}" for n, s in shapes.items())
+        parts.append(f"[{label}] {cost * 1000:.2f} ms")
+    text = "bucket run costs measured at load: " + ", ".join(parts)
+    # How batches run on the first inner shape (the common one-shape case; others follow the same rule).
+    first_inner = tuple((n, tuple(s[1:])) for n, s in spec.static_shapes[0].items())
+    same = [(int(next(iter(s.values()))[0]), c) for s, c in zip(spec.static_shapes, costs)
+            if tuple((n, tuple(v[1:])) for n, v in s.items()) == first_inner]
+    same.sort()
+    batches, bucket_costs = [b for b, _ in same], [c for _, c in same]
+    splits = []
+    for rows in range(1, batches[-1] + 1):
+        cover = [batches[i] for i in cheapest_cover(rows, batches, bucket_costs)]
+        if cover != [min((b for b in batches if b >= rows), default=batches[-1])]:
+            splits.append(f"{rows} as {'+'.join(map(str, cover))}")
+    return text + ("; batches split instead of padded: " + ", ".join(splits) if splits else
+                   "; every batch pads up to the smallest bucket that holds it")
