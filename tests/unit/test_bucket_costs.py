@@ -72,7 +72,7 @@ def test_the_load_line_names_each_cost_and_each_split(resnet):
     spec = _spec(resnet)
     line = bucket_costs.describe(spec, [0.0011, 0.0021, 0.0041, 0.0081])
     assert line.startswith("bucket run costs measured at load: [image:1,3,64,64] 1.10 ms, [image:2,3,64,64] 2.10 ms")
-    assert line.endswith("; batches split instead of padded: 3 as 2+1, 5 as 4+1, 6 as 4+2, 7 as 4+2+1")
+    assert line.endswith("; batches split instead of padded: 3 as 2+1, 5 as 4+1, 6 as 4+2")  # 7: gain under 10 %
     flat = bucket_costs.describe(spec, [0.001, 0.00105, 0.0011, 0.0013])
     assert flat.endswith("; every batch pads up to the smallest bucket that holds it")
 

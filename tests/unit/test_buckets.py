@@ -39,7 +39,9 @@ def costed_router(costs):
 
 @pytest.mark.parametrize("rows,expected", [
     (1, [(0, 1)]), (2, [(1, 2)]), (3, [(1, 2), (0, 1)]), (4, [(2, 4)]), (5, [(2, 4), (0, 1)]),
-    (6, [(2, 4), (1, 2)]), (7, [(2, 4), (1, 2), (0, 1)]), (8, [(3, 8)]), (19, [(3, 8), (3, 8), (1, 2), (0, 1)]),
+    (6, [(2, 4), (1, 2)]),
+    (7, [(3, 7)]),  # 4+2+1 costs 7.3 against 8.1 padded: under the 10 % margin, so it pads
+    (8, [(3, 8)]), (19, [(3, 8), (3, 8), (2, 3)]),  # 8+8+2+1 saves under 5 % against 8+8+4
 ])
 def test_measured_costs_split_a_batch_where_padding_would_cost_more(rows, expected):
     plan = costed_router(LINEAR_COSTS).plan({"image": (rows, 3, 8, 8)})
@@ -53,6 +55,14 @@ def test_measured_costs_pad_where_a_run_costs_more_than_its_rows():
     assert [(c.bucket, c.rows) for c in plan] == [(2, 3)]
     plan = costed_router([1.0, 1.05, 1.1, 1.3, 1.0]).plan({"image": (5, 3, 8, 8)})
     assert [(c.bucket, c.rows) for c in plan] == [(3, 5)]
+
+
+def test_a_gain_within_the_margin_of_noise_does_not_split():
+    # Costs timed while 13 models loaded side by side on 2 cores (a real load log): per row, bucket 1 looked 5 %
+    # cheaper than bucket 2 and bucket 4 2 % cheaper than bucket 8. Neither is a reason to run 2 as 1+1 or 8 as 4+4.
+    router = costed_router([36.82, 77.89, 132.76, 271.95, 100.0])
+    for rows, expected in [(2, [(1, 2)]), (8, [(3, 8)]), (4, [(2, 4)])]:
+        assert [(c.bucket, c.rows) for c in router.plan({"image": (rows, 3, 8, 8)})] == expected, rows
 
 
 def test_the_cheapest_cover_takes_the_fewest_runs_on_a_tie():
@@ -144,10 +154,10 @@ def test_bucket_runner_pads_runs_and_slices_back():
 def test_with_measured_costs_the_runner_splits_instead_of_padding():
     engine = RowSum(IMAGE_BUCKETS)
     runner = BucketRunner("m", costed_router(LINEAR_COSTS), engine, ["logits"])
-    image = np.random.rand(7, 3, 8, 8).astype(np.float32)
+    image = np.random.rand(6, 3, 8, 8).astype(np.float32)
     out = runner.run({"image": image})["logits"]
-    np.testing.assert_allclose(out[:, 0], image.reshape(7, -1).sum(axis=1), rtol=1e-5)  # rows back in order
-    assert engine.calls == [4, 2, 1] and runner.padded_rows == 0 and runner.rows == 7
+    np.testing.assert_allclose(out[:, 0], image.reshape(6, -1).sum(axis=1), rtol=1e-5)  # rows back in order
+    assert engine.calls == [4, 2] and runner.padded_rows == 0 and runner.rows == 6
 
 
 def test_a_request_that_is_a_bucket_runs_as_is_and_counts():

@@ -65,7 +65,7 @@ def measure(engine: StaticEngine, spec: ModelSpec, output_names: Sequence[str], 
 
 def describe(spec: ModelSpec, costs: Sequence[float]) -> str:
     """The load line: each bucket's measured cost and, per batch size up to the largest bucket, how it runs."""
-    from gebackend.runtime.buckets import cheapest_cover
+    from gebackend.runtime.buckets import batch_plan
 
     parts = []
     for shapes, cost in zip(spec.static_shapes, costs):
@@ -80,8 +80,8 @@ def describe(spec: ModelSpec, costs: Sequence[float]) -> str:
     batches, bucket_costs = [b for b, _ in same], [c for _, c in same]
     splits = []
     for rows in range(1, batches[-1] + 1):
-        cover = [batches[i] for i in cheapest_cover(rows, batches, bucket_costs)]
-        if cover != [min((b for b in batches if b >= rows), default=batches[-1])]:
-            splits.append(f"{rows} as {'+'.join(map(str, cover))}")
+        plan = batch_plan(rows, batches, bucket_costs)
+        if plan != batch_plan(rows, batches, None):
+            splits.append(f"{rows} as {'+'.join(str(batches[i]) for i in plan)}")
     return text + ("; batches split instead of padded: " + ", ".join(splits) if splits else
                    "; every batch pads up to the smallest bucket that holds it")

@@ -6,10 +6,12 @@ named dim declared paddable (e.g. `sequence`), which is zero-padded too. A batch
 largest bucket is split into several runs.
 
 Where each bucket's cost of one run was measured at load (`costs`, runtime/bucket_costs.py), a batch is
-covered by the cheapest sequence of runs instead (`cheapest_cover`): on 2 cores a batch of 3 padded to
-bucket 4 costs a whole fourth row of compute, while runs of 2 and 1 may cost less; a batch of 5 on
-buckets 1/2/4/8 may run as 4 + 1 rather than padded to 8. Padding still wins where a run's fixed cost
-is large next to a row's (small models, many threads), and the measured costs say which.
+covered by the cheapest sequence of runs instead (`cheapest_cover`), when that is cheaper than padding by
+more than `SPLIT_MARGIN` (`batch_plan`): on 2 cores a batch of 3 padded to bucket 4 costs a whole fourth
+row of compute, while runs of 2 and 1 may cost less; a batch of 5 on buckets 1/2/4/8 may run as 4 + 1
+rather than padded to 8. Padding still wins where a run's fixed cost is large next to a row's (small
+models, many threads), and the measured costs say which. The margin keeps costs timed on a busy machine
+(models loading side by side) from splitting a batch for a gain that is only noise.
 """
 
 from __future__ import annotations
@@ -51,6 +53,32 @@ def cheapest_cover(rows: int, batches: Sequence[int], costs: Sequence[float]) ->
         chosen.append(i)
         n = max(0, n - batches[i])
     return sorted(chosen, key=lambda i: -batches[i])
+
+
+SPLIT_MARGIN = 0.10  # a split must beat padding by this fraction of padding's cost
+
+
+def padded_cover(rows: int, batches: Sequence[int]) -> list[int]:
+    """Positions into `batches` (ascending) that the plain rule runs: the smallest bucket that holds what is left,
+    else the largest, until every row is covered."""
+    chosen, left = [], rows
+    while left > 0:
+        position = next((i for i, b in enumerate(batches) if b >= left), len(batches) - 1)
+        chosen.append(position)
+        left -= batches[position]
+    return chosen
+
+
+def batch_plan(rows: int, batches: Sequence[int], costs: Sequence[float] | None) -> list[int]:
+    """The runs a batch of `rows` takes (positions into the ascending `batches`): the cheapest cover where costs
+    were measured and it beats padding by more than SPLIT_MARGIN, else the plain rule."""
+    padded = padded_cover(rows, batches)
+    if costs is None:
+        return padded
+    cover = cheapest_cover(rows, batches, costs)
+    if sum(costs[i] for i in cover) < (1 - SPLIT_MARGIN) * sum(costs[i] for i in padded):
+        return cover
+    return padded
 
 
 class BucketRouter:
@@ -118,22 +146,14 @@ class BucketRouter:
         same_inner = [i for i in candidates if self._inner[i] == tightest]
         by_batch = sorted(same_inner, key=lambda i: self.batch_of(i))
         rows = next(iter(shapes.values()))[0]
+        batches = [self.batch_of(i) for i in by_batch]
+        costs = None if self.costs is None else [self.costs[i] for i in by_batch]
         chunks, start = [], 0
-        if self.costs is not None:
-            cover = cheapest_cover(rows, [self.batch_of(i) for i in by_batch], [self.costs[i] for i in by_batch])
-            for position in cover:
-                take = min(rows - start, self.batch_of(by_batch[position]))
-                if take > 0:  # (positive costs never choose a run with nothing left to take)
-                    chunks.append(Chunk(by_batch[position], start, start + take))
-                    start += take
-            return chunks
-        largest = by_batch[-1]
-        while start < rows:
-            left = rows - start
-            fit = next((i for i in by_batch if self.batch_of(i) >= left), largest)
-            take = min(left, self.batch_of(fit))
-            chunks.append(Chunk(fit, start, start + take))
-            start += take
+        for position in batch_plan(rows, batches, costs):
+            take = min(rows - start, batches[position])
+            if take > 0:  # (positive costs never choose a run with nothing left to take)
+                chunks.append(Chunk(by_batch[position], start, start + take))
+                start += take
         return chunks
 
     def batch_of(self, index: int) -> int:
