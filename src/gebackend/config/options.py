@@ -97,6 +97,10 @@ def _choice(mapping: Mapping[str, str]) -> Callable[[str], str]:
     return parse
 
 
+# "auto", or a bool spelled any way _bool takes it, read as "on" / "off" (pin_instances, allow_spinning, ...)
+_auto_bool = _choice({"auto": "auto", **{k: "on" for k in _TRUE}, **{k: "off" for k in _FALSE}})
+
+
 # Our names, and Ascend ge-backend's precision_mode_v2 values that mean the same on these engines.
 _PRECISIONS = {
     "origin": "origin", "fp32": "origin", "must_keep_origin_dtype": "origin",
@@ -180,11 +184,10 @@ _KEYS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "cores_per_instance": ("cores_per_instance", _non_negative_int),
     "ge.aicoreNum": ("cores_per_instance", _first_int),
     "disabled_optimizers": ("disabled_optimizers", _optimizer_list),
-    "pin_instances": ("pin_instances", _choice({"auto": "auto", **{k: "on" for k in _TRUE}, **{k: "off" for k in _FALSE}})),
+    "pin_instances": ("pin_instances", _auto_bool),
     "disable_prepacking": ("disable_prepacking", _bool),
-    "allow_spinning": ("allow_spinning", _choice({"auto": "auto", **{k: "on" for k in _TRUE}, **{k: "off" for k in _FALSE}})),
-    "force_spinning_stop": ("force_spinning_stop", _choice({"auto": "auto", **{k: "on" for k in _TRUE},
-                                                            **{k: "off" for k in _FALSE}})),
+    "allow_spinning": ("allow_spinning", _auto_bool),
+    "force_spinning_stop": ("force_spinning_stop", _auto_bool),
     "hang_timeout_s": ("hang_timeout_s", _non_negative_seconds),
     "device_ids": ("device_ids", _device_ids),
     "device_exec_blocks": ("device_exec_blocks", _exec_blocks),
