@@ -22,6 +22,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from gebackend.bench import ensemble, perf_analyzer, triton_stats
+from gebackend.bench.report import note
 
 TARGETS = ("bare", "ensemble")
 
@@ -72,10 +73,6 @@ def paired_ratio(bare_runs: Sequence[Mapping], ensemble_runs: Sequence[Mapping])
 def order(round_index: int, level_index: int) -> tuple[str, str]:
     """Which target goes first: alternating between rounds and between levels."""
     return TARGETS if (round_index + level_index) % 2 == 0 else TARGETS[::-1]
-
-
-def _note(result: dict, text: str) -> None:
-    result["notes"] = "; ".join(filter(None, [result.get("notes"), text]))
 
 
 def agreement(http_url: str, p: ensemble.Pipeline, data: ensemble.Inputs) -> dict:
@@ -151,7 +148,7 @@ def _rounds(bench, srv, p: ensemble.Pipeline, inputs: Mapping[str, Path], info: 
                                      "unstable": bool(perf.unstable), "failures": perf.failures, "stats": stats})
                 csv[target].append(perf.csv_text)
                 for failure in perf.failures:
-                    _note(result, f"round {r + 1} {target}: {failure}")
+                    note(result, f"round {r + 1} {target}: {failure}")
                 if row:
                     bench.log(f"bench: {tag}: round {r + 1} c={level} {target}: {row['throughput']:.1f} infer/s "
                               f"p50 {row['p50_us'] / 1000:.2f} ms")
@@ -174,6 +171,6 @@ def _aggregate(info: dict, result: dict, concurrency: Sequence[int]) -> None:
         info["stats"][str(level)] = {t: median_tree([x["stats"] for x in runs[t] if x["row"]]) for t in TARGETS}
         unstable = sum(x["unstable"] for t in TARGETS for x in runs[t])
         if unstable:
-            _note(result, f"c={level}: {unstable} run(s) measured only with perf_analyzer's loose retry (-s 1000)")
+            note(result, f"c={level}: {unstable} run(s) measured only with perf_analyzer's loose retry (-s 1000)")
     if not result["rows"]:
         result.update(status="failed", reason="perf_analyzer measured nothing for the ensemble")

@@ -26,6 +26,7 @@ from typing import Mapping, Sequence
 
 from gebackend.bench import perf_analyzer, scenarios, server
 from gebackend.bench.ensemble_runner import median_rows
+from gebackend.bench.report import note
 
 SEPARATOR = "__"
 
@@ -84,7 +85,7 @@ def run(bench, model, path: Path, chosen: Sequence[scenarios.Scenario], input_da
         result["config"] = (root / named.name / "config.pbtxt").read_text()
         result["served_as"] = named.name
         if scenario.is_peer and bench.peer is not None:
-            _note(result, f"backend from {bench.peer.folder}", *bench.peer.warnings)
+            note(result, f"backend from {bench.peer.folder}", *bench.peer.warnings)
     tag = f"{model.name}_interleaved"
     bench.log(f"bench: {tag}: serving {len(ready)} scenarios in one server, {s.rounds} interleaved round(s)")
     extra = bench.peer.extra_backends if bench.peer is not None and any(sc.is_peer for sc, _ in ready) else None
@@ -121,7 +122,7 @@ def run(bench, model, path: Path, chosen: Sequence[scenarios.Scenario], input_da
                     runs.append({"round": r + 1, "scenario": scenario.name, "concurrency": level, "row": row,
                                  "unstable": bool(perf.unstable), "failures": perf.failures})
                     for failure in perf.failures:
-                        _note(result, f"round {r + 1}: {failure}")
+                        note(result, f"round {r + 1}: {failure}")
                     if row:
                         bench.log(f"bench: {tag}: round {r + 1} c={level} {scenario.name}: {row['throughput']:.1f} "
                                   f"infer/s p50 {row['p50_us'] / 1000:.2f} ms")
@@ -145,12 +146,8 @@ def _aggregate(ready: Sequence[tuple[scenarios.Scenario, dict]], runs: Sequence[
                 result["rows"].append(row)
             unstable = sum(x["unstable"] for x in mine if x["concurrency"] == level)
             if unstable:
-                _note(result, f"c={level}: {unstable} run(s) measured only with perf_analyzer's loose retry (-s 1000)")
-        _note(result, f"interleaved: medians of {measured} round(s) in one server; no in-process ceiling"
+                note(result, f"c={level}: {unstable} run(s) measured only with perf_analyzer's loose retry (-s 1000)")
+        note(result, f"interleaved: medians of {measured} round(s) in one server; no in-process ceiling"
                       + (f" (interrupted: {rounds} asked)" if measured < rounds else ""))
         if not result["rows"]:
             result.update(status="failed", reason="perf_analyzer measured nothing in any round")
-
-
-def _note(result: dict, *texts: str) -> None:
-    result["notes"] = "; ".join(filter(None, [result.get("notes"), *texts]))

@@ -18,6 +18,11 @@ from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
 
+def note(result: dict, *texts: str) -> None:
+    """Append `texts` to a result's "notes" ("; "-separated; empty ones left out)."""
+    result["notes"] = "; ".join(filter(None, [result.get("notes"), *texts]))
+
+
 def row_at(rows: Sequence[Mapping], concurrency: int) -> Mapping | None:
     return next((r for r in rows if int(r["concurrency"]) == int(concurrency)), None)
 

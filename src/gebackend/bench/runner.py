@@ -208,7 +208,7 @@ class Bench:
             ran = cpu.precision_run(scenario.precision, scenario.engine, scenario.quantization)
             result["precision_ran"] = ran.ran
             if ran.note:
-                result["notes"] = "; ".join(filter(None, [result["notes"], ran.note]))
+                report.note(result, ran.note)
                 self.log(f"bench: {tag}: {ran.note}")
         return scenario, result, tag
 
@@ -222,8 +222,7 @@ class Bench:
         repo = scenarios.write_repository(self.dir / "repos" / model.name / scenario.name, model, scenario, path)
         result["config"] = (repo / model.name / "config.pbtxt").read_text()
         if scenario.is_peer and self.peer is not None:
-            result["notes"] = "; ".join(filter(None, [result["notes"], f"backend from {self.peer.folder}",
-                                                      *self.peer.warnings]))
+            report.note(result, f"backend from {self.peer.folder}", *self.peer.warnings)
         self.log(f"bench: {tag}: serving ({scenario.title})")
         srv = self.serve(repo, tag, result, [model.name],
                          extra_backends=self.peer.extra_backends if scenario.is_peer and self.peer else None)
@@ -240,16 +239,15 @@ class Bench:
         result["rows"] = [r.to_dict() for r in perf.rows]
         if perf.unstable:
             result["unstable"] = perf.unstable
-            result["notes"] = "; ".join(filter(None, [result["notes"], "unstable (measured with -s 1000, 2x windows) at c="
-                                                      + ",".join(map(str, perf.unstable))]))
+            report.note(result, "unstable (measured with -s 1000, 2x windows) at c=" + ",".join(map(str, perf.unstable)))
         if perf.failures:
-            result["notes"] = "; ".join(filter(None, [result["notes"], *perf.failures]))
+            report.note(result, *perf.failures)
         if not perf.rows:
             result.update(status="failed", reason="perf_analyzer measured nothing: " + "; ".join(perf.failures))
         short = [r.concurrency for r in perf.rows if r.p50_us * 5 / 1000 > s.perf.measurement_interval_ms]
         if short:
-            result["notes"] = "; ".join(filter(None, [result["notes"], f"window < 5 x p50 at c={','.join(map(str, short))}: "
-                                                      "throughput under-counted, use a longer --interval-ms"]))
+            report.note(result, f"window < 5 x p50 at c={','.join(map(str, short))}: "
+                                "throughput under-counted, use a longer --interval-ms")
         for row in perf.rows:
             self.log(f"bench: {tag}: c={row.concurrency} {row.throughput:.1f} infer/s p50 {row.p50_us / 1000:.2f} ms "
                      f"p99 {row.p99_us / 1000:.2f} ms")
@@ -263,23 +261,22 @@ class Bench:
         try:
             ceiling = inprocess.Ceiling(model_dir, self.log)
         except Exception as exc:  # noqa: BLE001
-            result["notes"] = "; ".join(filter(None, [result["notes"], f"ceiling not measured: {exc}"]))
+            report.note(result, f"ceiling not measured: {exc}")
             return
         if ceiling.instances > 1:
-            result["notes"] = "; ".join(filter(None, [result["notes"], (
-                f"ceiling: {ceiling.instances} instances in {ceiling.instances} pinned processes, the clients split "
-                "between them (each batches only its own clients' requests)")]))
+            report.note(result, f"ceiling: {ceiling.instances} instances in {ceiling.instances} pinned processes, the "
+                                "clients split between them (each batches only its own clients' requests)")
         try:
             try:
                 result["accuracy"] = inprocess.accuracy(ceiling, path, model.sample_inputs(4, seed=1))
             except Exception as exc:  # noqa: BLE001
-                result["notes"] = "; ".join(filter(None, [result["notes"], f"accuracy not checked: {exc}"]))
+                report.note(result, f"accuracy not checked: {exc}")
             for level in s.concurrency:
                 row = ceiling.measure(feeds, level, s.ceiling_seconds, s.ceiling_warmup)
                 result["ceiling"].append(row.to_dict())
                 self.log(f"bench: {tag}: in-process c={level} {row.throughput:.1f} infer/s p50 {row.p50_us / 1000:.2f} ms")
         except Exception as exc:  # noqa: BLE001
             self.log(traceback.format_exc())
-            result["notes"] = "; ".join(filter(None, [result["notes"], f"ceiling failed: {exc}"]))
+            report.note(result, f"ceiling failed: {exc}")
         finally:
             ceiling.close()
