@@ -23,17 +23,24 @@ from gebackend.engines.base import StaticEngine
 ROUNDS = 3
 
 
+def batch_and_inner(shapes: Mapping[str, Sequence[int]]) -> tuple[int, tuple] | None:
+    """A bucket's batch size and its shapes without the batch axis; None for rank-0 inputs (no batch axis)."""
+    first = next(iter(shapes.values()), ())
+    if not first:
+        return None
+    return int(first[0]), tuple((name, tuple(shape[1:])) for name, shape in shapes.items())
+
+
 def worth_measuring(spec: ModelSpec) -> bool:
     """Only a batching model with two batch sizes compiled for one inner shape has a choice to make."""
     if not spec.batching or spec.options.static.bucket_plan != "measured":
         return False
     inner: dict[tuple, set[int]] = {}
     for shapes in spec.static_shapes:
-        first = next(iter(shapes.values()), ())
-        if not first:
+        split = batch_and_inner(shapes)
+        if split is None:
             return False  # rank-0 inputs: no batch axis to split along
-        key = tuple((name, tuple(shape[1:])) for name, shape in shapes.items())
-        inner.setdefault(key, set()).add(int(first[0]))
+        inner.setdefault(split[1], set()).add(split[0])
     return any(len(batches) > 1 for batches in inner.values())
 
 
@@ -73,10 +80,8 @@ def describe(spec: ModelSpec, costs: Sequence[float]) -> str:
         parts.append(f"[{label}] {cost * 1000:.2f} ms")
     text = "bucket run costs measured at load: " + ", ".join(parts)
     # How batches run on the first inner shape (the common one-shape case; others follow the same rule).
-    first_inner = tuple((n, tuple(s[1:])) for n, s in spec.static_shapes[0].items())
-    same = [(int(next(iter(s.values()))[0]), c) for s, c in zip(spec.static_shapes, costs)
-            if tuple((n, tuple(v[1:])) for n, v in s.items()) == first_inner]
-    same.sort()
+    split = [batch_and_inner(shapes) for shapes in spec.static_shapes]  # never None: worth_measuring said so
+    same = sorted((batch, cost) for (batch, inner), cost in zip(split, costs) if inner == split[0][1])
     batches, bucket_costs = [b for b, _ in same], [c for _, c in same]
     splits = []
     for rows in range(1, batches[-1] + 1):
