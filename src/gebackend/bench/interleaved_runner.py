@@ -98,10 +98,9 @@ def run(bench, model, path: Path, chosen: Sequence[scenarios.Scenario], input_da
             result.update(status="failed", reason=str(exc).splitlines()[0] + " (see logs)")
         return results
     startup_s = round(time.monotonic() - srv.started, 1)
-    for _, result in ready:
-        result["startup_s"] = startup_s
     failed = srv.failures()  # a model that did not load loses only itself; the others are measured
     for _, result in ready:
+        result["startup_s"] = startup_s
         if result["served_as"] in failed:
             result.update(status="failed", reason=f"model failed to load: {failed[result['served_as']]}")
             bench.log(f"bench: {tag}: {result['name']}: {result['reason']}")
