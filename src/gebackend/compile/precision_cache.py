@@ -9,8 +9,10 @@ folder is writable, else `$GE_CACHE_DIR/<model>/
 precision/`, then `$XDG_CACHE_HOME` or `~/.cache` `/gebackend/<model>/precision/`, then the temp folder (cache_dir.py).
 An entry is `<model stem>.<mode>[-<quantization>].<key>.onnx` (plus `.data` for models over 1 GiB); its key is a
 sha256 of the model file's bytes and its external data files, the precision options (mode, quantization, engine,
-calibration sample count and a sha256 of the calibration files), and the onnx, onnxruntime and nncf versions: a
-changed model, option or library is a new entry. Old entries are not removed: delete the folder to clear it.
+calibration sample count and a sha256 of the calibration files, and for static int8 the CPU's `int8_range`, full or
+7-bit weights: compile/quantize_static.py), and the onnx, onnxruntime and nncf versions: a changed model, option,
+library or kind of CPU is a new entry (a repository shared by machines of both kinds holds one of each). Old
+entries are not removed: delete the folder to clear it.
 
 Safe for instances loading at once: one lock file per entry (fcntl.lockf), held while checking and building; the build
 goes to a temp folder beside the entry and is moved in with os.replace, so a reader sees a whole file or none. An
@@ -166,7 +168,10 @@ def lowered_model(model: str, model_path: Path, engines, engine_kind, batching: 
     options = {"mode": mode, "quantization": quantization, "engine": engine_kind.name}
     samples, data, feeds = None, [], None
     if quantization == "static":
-        options.update(quantizer=engine_kind.static_quantizer, samples=str(engines.calibration_samples))
+        from gebackend.compile.quantize_static import int8_range
+
+        options.update(quantizer=engine_kind.static_quantizer, samples=str(engines.calibration_samples),
+                       int8_range=int8_range())
         if engines.calibration_data:
             source = calibration.resolve(engines.calibration_data, model_path)
             samples = calibration.load_samples(model, model_path, source, batching, engines.calibration_samples)
