@@ -38,6 +38,23 @@ def test_int8_where_there_is_no_native_bf16_and_fp32_without_avx2():
     assert auto_choice.auto_precision("onnxruntime", {"sse4_2"}, _caps())[0] == "origin"
 
 
+def test_openvino_without_vnni_keeps_matmul_models_exact(tmp_path):
+    """NNCF's int8 of attention models ran at about half OpenVINO's f32 on an AVX2-only AMD EPYC: precision_mode=auto
+    on engine=openvino serves such a model in fp32 there, a convolution model still in int8, and with VNNI both int8."""
+    resnet, bert = tmp_path / "resnet.onnx", tmp_path / "bert.onnx"
+    onnx.save(build_resnet(), str(resnet))
+    onnx.save(build_bert(), str(bert))
+    precision, why = auto_choice.auto_precision("openvino", AVX2, _caps("FP32", "INT8"), bert)
+    assert precision == "origin" and "without VNNI" in why and "ONNX Runtime" in why
+    assert auto_choice.auto_precision("openvino", AVX2, _caps("FP32", "INT8"), resnet)[0] == "int8"
+    assert auto_choice.auto_precision("openvino", VNNI, _caps("FP32", "INT8"), bert)[0] == "int8"
+    assert auto_choice.auto_precision("onnxruntime", AVX2, _caps(), bert)[0] == "int8"  # ORT's dynamic int8
+    chosen = auto_choice.resolve("auto", "auto", bert, AVX2, _caps("FP32", "INT8"))  # engine=auto: ORT int8
+    assert (chosen.engine, chosen.precision_mode) == ("onnxruntime", "int8")
+    chosen = auto_choice.resolve("openvino", "auto", bert, AVX2, _caps("FP32", "INT8"))
+    assert (chosen.engine, chosen.precision_mode) == ("openvino", "origin") and "without VNNI" in chosen.why
+
+
 def test_int8_engine_follows_what_the_model_is_made_of(tmp_path):
     resnet, bert = tmp_path / "resnet.onnx", tmp_path / "bert.onnx"
     onnx.save(build_resnet(), str(resnet))

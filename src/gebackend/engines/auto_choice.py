@@ -6,7 +6,10 @@
   OPTIMIZATION_CAPABILITIES (AVX512-BF16 or AMX; never on an AVX2-only CPU, which reports `FP32, INT8`);
 * else int8 on an x86 CPU with AVX2 (VNNI makes it faster; without it int8 still beat fp32 on the bench models:
   ONNX Runtime's dynamic int8 1.75x the peer on the CN_CLIP text encoder, NNCF's int8 1.98x f32 on ResNet-50, both
-  on an AVX2-only AMD);
+  on an AVX2-only AMD, though on a second AVX2-only AMD EPYC ONNX Runtime's int8 was only 1.04x its fp32 on the
+  4-layer text encoder), except on OpenVINO for a MatMul model on a CPU without VNNI: NNCF's int8 of the 4-layer
+  CN_CLIP text and image encoders (attention, MatMul) ran at 0.45x and 0.52x OpenVINO's own f32 on that EPYC, so
+  there it is origin (engine=auto picks ONNX Runtime's dynamic int8 for those models instead);
 * else origin (fp32).
 
 An automatic lossy precision comes with a guard: the loader compares the lowered model with fp32 on the accuracy
@@ -30,6 +33,7 @@ from gebackend.engines import registry
 AUTO_MIN_COSINE = 0.99
 _CONV_OPS = ("Conv", "ConvTranspose")
 _MATMUL_OPS = ("MatMul", "Gemm")
+_VNNI = frozenset({"avx512_vnni", "avx_vnni", "amx_int8"})
 
 
 @dataclass(frozen=True)
@@ -39,8 +43,9 @@ class Choice:
     why: str  # one line for the load log; empty when nothing was automatic
 
 
-def auto_precision(engine: str, cpu_flags: Iterable[str], openvino_capabilities: Callable[[], Iterable[str]]) -> tuple[str, str]:
-    """The precision `precision_mode=auto` runs on `engine` ("auto": either engine), and why."""
+def auto_precision(engine: str, cpu_flags: Iterable[str], openvino_capabilities: Callable[[], Iterable[str]],
+                   path: Path | None = None) -> tuple[str, str]:
+    """The precision `precision_mode=auto` runs on `engine` ("auto": either engine) for the model at `path`, and why."""
     flags = frozenset(cpu_flags)
     may_openvino = engine in ("auto", "openvino") and registry.installed("openvino")
     if may_openvino:
@@ -48,7 +53,13 @@ def auto_precision(engine: str, cpu_flags: Iterable[str], openvino_capabilities:
         if "BF16" in capabilities:
             return "bf16", f"OpenVINO's CPU plugin reports BF16 ({', '.join(capabilities)})"
     if "avx2" in flags:
-        vnni = sorted(flags & {"avx512_vnni", "avx_vnni", "amx_int8"})
+        vnni = sorted(flags & _VNNI)
+        if engine == "openvino" and not vnni and path is not None:
+            convs, matmuls = weighted_op_counts(path)
+            if matmuls >= convs:
+                return "origin", (f"OpenVINO's int8 (NNCF) on a MatMul model ({matmuls} MatMul/Gemm vs {convs} Conv) "
+                                  "without VNNI measured about half its f32 speed on AVX2: exact fp32 (engine=auto "
+                                  "would run ONNX Runtime's dynamic int8)")
         where = "no native bf16 here" if may_openvino else f"{engine} runs no bf16 on the CPU here"
         return "int8", f"{where}; int8 with " + ("/".join(vnni) if vnni else "AVX2 kernels (no VNNI)")
     return "origin", "this CPU has no AVX2 and no native bf16: exact fp32"
@@ -92,7 +103,7 @@ def resolve(engine: str, precision_mode: str, path: Path | None, cpu_flags: Iter
     """The concrete engine and precision for the options as written (either may be "auto")."""
     reasons = []
     if precision_mode == "auto":
-        precision_mode, why = auto_precision(engine, cpu_flags, openvino_capabilities)
+        precision_mode, why = auto_precision(engine, cpu_flags, openvino_capabilities, path)
         reasons.append(f"precision_mode=auto -> {precision_mode} ({why})")
     if engine == "auto":
         engine, why = auto_engine(precision_mode, path)
