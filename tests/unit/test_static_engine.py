@@ -96,6 +96,32 @@ def test_weights_are_held_once_across_buckets(tmp_path):
     assert eight.shared_weight_bytes == single.shared_weight_bytes
 
 
+def test_a_bucket_failing_on_the_shared_weights_holds_its_own_copy(tmp_path, monkeypatch):
+    """ONNX Runtime ran a QDQ int8 ViT from its file but failed every run once its position embedding was handed in
+    with add_initializer ("Attempting to broadcast an axis by a dimension other than 1"; bench cnclip_image_l4
+    ge_int8_static on an AVX2-only EPYC). Here a shared value of the wrong shape fails the same way: the warm-up
+    finds it, the bucket is rebuilt on its file's own weights, and serves the right answer."""
+    path = tmp_path / "model.onnx"
+    onnx.save(build_resnet(width=8, image_size=32), str(path))
+    graphs, _ = compile_static(path, [{"image": (b, 3, 32, 32)} for b in (1, 2)], 1 << 20)
+    prepare = OrtStaticEngine._prepare
+
+    def corrupting(self, number, graph):
+        prepared = prepare(self, number, graph)
+        for key, (array, _) in list(self._shared.items()):
+            self._shared[key] = (array, ort.OrtValue.ortvalue_from_numpy(np.zeros(array.size, array.dtype)))
+        return prepared
+
+    monkeypatch.setattr(OrtStaticEngine, "_prepare", corrupting)
+    static = OrtStaticEngine(graphs, BackendOptions())
+    monkeypatch.undo()
+    dynamic = OrtEngine(path, BackendOptions())
+    outputs = [o.name for o in ort.InferenceSession(str(path)).get_outputs()]
+    feeds = feeds_for({"image": (2, 3, 32, 32)}, np.random.default_rng(0))
+    np.testing.assert_allclose(static.run(feeds, outputs)[0], dynamic.run(feeds, outputs)[0], rtol=1e-4, atol=1e-5)
+    assert "2 bucket(s) failed on the shared weights and hold their own copy" in static.describe(), static.describe()
+
+
 @pytest.mark.skipif(
     "CUDAExecutionProvider" not in ort.get_available_providers(),
     reason="CUDAExecutionProvider is not available (CPU-only onnxruntime or no GPU): CUDA-graph capture is exercised on a GPU machine",

@@ -60,14 +60,15 @@ def profiled_node_names(profile_file: Path) -> list[str]:
     return list(dict.fromkeys(names))
 
 
-def warm_up(run_once: Callable[[], Any], times: int) -> None:
+def warm_up(run_once: Callable[[], Any], times: int) -> bool:
     """Run a compiled graph `times` times on zeros before it serves. Best effort: zeros are not a valid input for
-    every model (Resize scales, a token-id table), so the first failure ends the warm-up, silently."""
+    every model (Resize scales, a token-id table), so the first failure ends the warm-up, silently; False then."""
     for _ in range(times):
         try:
             run_once()
         except Exception:  # noqa: BLE001
-            break
+            return False
+    return True
 
 
 Serving = TypeVar("Serving")

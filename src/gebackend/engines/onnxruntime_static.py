@@ -210,6 +210,7 @@ class OrtStaticEngine(StaticEngine):
         self._selection = as_selection(providers)  # engines/providers/: each bucket's provider options
         self.device = self._selection.device  # where buffers are bound: "cuda" or "cpu"
         self._refused: list[str] = []  # buckets whose graph capture ONNX Runtime refused
+        self._unshared: set[int] = set()  # buckets that failed on the shared weights and hold their own
         self._shared: dict[str, tuple[np.ndarray, ort.OrtValue]] = {}
         self._private_bytes = 0
         self._swap: ProfilingSwap[dict[int, _Bound]] = ProfilingSwap({})  # bucket -> its bound session
@@ -225,13 +226,27 @@ class OrtStaticEngine(StaticEngine):
         self._graphs = [self._prepare(number, graph) for number, graph in enumerate(graphs, start=1)]
         self._disabled = disabled_optimizers(self._options.session, static=True, device=self.device)
         for number, graph in enumerate(self._graphs):
+            runs = warmup_runs + (1 if self.device == "cuda" else 0) if graph.warm_up else 0
             bound = self._build(graph)
+            if not self._warm_up(bound, runs) and graph.shared:
+                # ONNX Runtime can fail a graph over weights handed in with add_initializer that it runs from its
+                # own file (seen: a QDQ int8 ViT's QLinearAdd of the position embedding, "Attempting to broadcast
+                # an axis by a dimension other than 1"): the bucket then holds its own copy, if that runs
+                self._unshared.add(graph.index)
+                private = self._build(graph)
+                if self._warm_up(private, runs):
+                    bound = private
+                    self._private_bytes += sum(self._shared[key][0].nbytes for key in set(graph.shared.values()))
+                else:
+                    self._unshared.discard(graph.index)
             self._swap.serving[number] = bound
-            quiet = run_options_config(bound.run_config) or ort.RunOptions()  # the capture's gpu_graph_id too
-            quiet.log_severity_level = 4  # a warm-up failing on zeros is no error worth a log line
-            warm_up(lambda: bound.run({n: v.copy() if isinstance(v, np.ndarray) else v.numpy() for n, v in bound.inputs.items()},
-                                      bound.output_order, quiet),
-                    warmup_runs + (1 if self.device == "cuda" else 0) if graph.warm_up else 0)
+
+    @staticmethod
+    def _warm_up(bound: "_Bound", runs: int) -> bool:
+        quiet = run_options_config(bound.run_config) or ort.RunOptions()  # the capture's gpu_graph_id too
+        quiet.log_severity_level = 4  # a warm-up failing on zeros is no error worth a log line
+        return warm_up(lambda: bound.run({n: v.copy() if isinstance(v, np.ndarray) else v.numpy() for n, v in bound.inputs.items()},
+                                         bound.output_order, quiet), runs)
 
     def _prepare(self, number: int, graph: CompiledGraph) -> _Prepared:
         """Hold the graph's weights (once across graphs), write the graph to a file, keep its metadata."""
@@ -292,7 +307,7 @@ class OrtStaticEngine(StaticEngine):
             so.profile_file_prefix = str(profile_prefix)
         for name, value in graph.dim_overrides.items():
             so.add_free_dimension_override_by_name(name, int(value))
-        for name, key in graph.shared.items():
+        for name, key in graph.shared.items() if graph.index not in self._unshared else ():
             so.add_initializer(name, self._shared[key][1])
         return open_session(graph.path, so, self._selection.for_bucket(graph.index, graph.shapes, capture), self._disabled,
                             fallback=not self._selection.accelerated)
@@ -352,8 +367,11 @@ class OrtStaticEngine(StaticEngine):
         each bucket's RSS grows by the MatMul weights' size, and disable_prepacking removes that growth and
         slows MatMul down), so sharing costs no prepacking: the packed copies are per bucket, the originals once."""
         prepack = "prepacking off: disable_prepacking=1" if self._options.session.disable_prepacking else "prepacking kept"
-        return (f"weights held once and shared across {buckets} bucket(s) "
-                f"({self.shared_weight_bytes / 2**20:.1f} MiB, {prepack})")
+        own = (f"; {len(self._unshared)} bucket(s) failed on the shared weights and hold their own copy "
+               f"({', '.join(self._graphs[i].label for i in sorted(self._unshared))})" if self._unshared else "")
+        shared = f"{buckets - len(self._unshared)} of {buckets}" if self._unshared else f"{buckets}"
+        return (f"weights held once and shared across {shared} bucket(s) "
+                f"({self.shared_weight_bytes / 2**20:.1f} MiB, {prepack}{own})")
 
     def describe(self) -> str:
         o = self._options.session
