@@ -33,10 +33,10 @@ from typing import Callable, Iterable, Sequence
 import numpy as np
 import onnx
 
+from gebackend.engines.cpu import VNNI_FLAGS
 from gebackend.errors import ModelLoadError
 
 QDQ_OPS = ("QuantizeLinear", "DequantizeLinear")
-_VNNI = frozenset({"avx512_vnni", "avx_vnni", "amx_int8"})
 _NONE = "; nothing was quantized, the model runs as fp32"
 
 
@@ -86,7 +86,7 @@ def int8_range(flags: Iterable[str] | None = None, machine: str | None = None) -
     """"reduced" (7-bit weights) on an x86 CPU without VNNI, whose u8*s8 instruction (VPMADDUBSW) adds pairs of
     products into a saturating int16; else "full". Both static quantizers follow it (`ort_types`, `nncf_overflow_fix`)."""
     flags, machine = _cpu(flags, machine)
-    return "reduced" if not _arm(machine) and not flags & _VNNI else "full"
+    return "reduced" if not _arm(machine) and not flags & VNNI_FLAGS else "full"
 
 
 def ort_types(flags: Iterable[str] | None = None, machine: str | None = None) -> tuple[str, str, bool, str]:
@@ -95,7 +95,7 @@ def ort_types(flags: Iterable[str] | None = None, machine: str | None = None) ->
     if _arm(machine):
         return "QInt8", "QInt8", False, "Arm CPU: int8 activations and weights (S8S8)"
     if int8_range(flags, machine) == "full":
-        have = ", ".join(sorted(flags & _VNNI))
+        have = ", ".join(sorted(flags & VNNI_FLAGS))
         return "QUInt8", "QInt8", False, (f"x86 CPU with VNNI ({have}): uint8 activations, int8 weights (U8S8), "
                                           f"full 8-bit range")
     return "QUInt8", "QInt8", True, ("x86 CPU without VNNI: uint8 activations, int8 weights (U8S8) with "

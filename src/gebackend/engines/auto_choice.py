@@ -29,11 +29,11 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from gebackend.engines import registry
+from gebackend.engines.cpu import VNNI_FLAGS
 
 AUTO_MIN_COSINE = 0.99
 _CONV_OPS = ("Conv", "ConvTranspose")
 _MATMUL_OPS = ("MatMul", "Gemm")
-_VNNI = frozenset({"avx512_vnni", "avx_vnni", "amx_int8"})
 
 
 @dataclass(frozen=True)
@@ -53,7 +53,7 @@ def auto_precision(engine: str, cpu_flags: Iterable[str], openvino_capabilities:
         if "BF16" in capabilities:
             return "bf16", f"OpenVINO's CPU plugin reports BF16 ({', '.join(capabilities)})"
     if "avx2" in flags:
-        vnni = sorted(flags & _VNNI)
+        vnni = sorted(flags & VNNI_FLAGS)
         if engine == "openvino" and not vnni and path is not None:
             convs, matmuls = weighted_op_counts(path)
             if matmuls >= convs:

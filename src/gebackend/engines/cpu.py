@@ -16,6 +16,9 @@ from pathlib import Path
 # The flags that decide which kernels run (reported by `gebackend bench` and the docs' benchmark tables).
 ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx_vnni", "avx512_bf16",
              "avx512_fp16", "amx_tile", "amx_bf16", "amx_int8")
+# Any of these gives int8 dot products that do not saturate (VNNI, or AMX's int8 tiles); without them AVX2's u8*s8
+# instruction adds pairs of products into a saturating int16 (compile/quantize_static.py keeps weights to 7 bits).
+VNNI_FLAGS = frozenset({"avx512_vnni", "avx_vnni", "amx_int8"})
 
 
 @dataclass(frozen=True)
@@ -83,6 +86,6 @@ def precision_run(mode: str, engine: str, quantization: str = "") -> PrecisionRu
 
 def int8_note(mode: str) -> str:
     """int8 without VNNI runs on AVX2 kernels: said, because it is slower."""
-    if mode == "int8" and flags() and not flags() & {"avx512_vnni", "avx_vnni", "amx_int8"}:
+    if mode == "int8" and flags() and not flags() & VNNI_FLAGS:
         return "int8 requested, this CPU has no VNNI: ran int8 on AVX2 kernels (slower than with VNNI)"
     return ""
