@@ -58,6 +58,19 @@ def test_each_bucket_runs_on_zeros_round_robin_and_keeps_its_least_time(resnet):
     assert all(dtypes == {"float32"} for _, _, dtypes in engine.ran)
 
 
+def test_a_smaller_bucket_never_costs_more_than_a_larger_one(resnet):
+    """Bucket 1 timed in a load spike on every round (CI: a 1-row request was then padded to bucket 4): its cost is
+    capped by bucket 2's, so a 1-row batch still runs on bucket 1."""
+    from gebackend.runtime.buckets import batch_plan
+
+    spec = _spec(resnet)
+    engine = Timed([1.0, 2.0, 4.0, 8.0], spikes={1, 5, 9})  # bucket 0's run in each of the 3 rounds
+    costs = bucket_costs.measure(engine, spec, ["logits"], rounds=3, clock=engine.clock)
+    assert costs == [2.0, 2.0, 4.0, 8.0]
+    assert batch_plan(1, [1, 2, 4, 8], costs) == [0]
+    assert bucket_costs.monotone(spec, [1.0, 3.0, 2.5, 8.0]) == [1.0, 2.5, 2.5, 8.0]
+
+
 def test_a_bucket_that_fails_on_zeros_means_no_costs(resnet):
     class Failing(Timed):
         def run_bucket(self, index, feeds, output_names):

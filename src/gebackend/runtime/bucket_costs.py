@@ -67,7 +67,20 @@ def measure(engine: StaticEngine, spec: ModelSpec, output_names: Sequence[str], 
                 best[index] = min(best[index], clock() - start)
     except Exception:  # noqa: BLE001 - zeros are no valid input for some models: then the router pads, as before
         return None
-    return best
+    return monotone(spec, best)
+
+
+def monotone(spec: ModelSpec, costs: Sequence[float]) -> list[float]:
+    """Each bucket's cost capped by that of every larger bucket of the same inner shape: a run of more rows does not
+    cost less, so a timing that says so is noise (seen in CI: a 1-row request padded to bucket 4 because bucket 1 was
+    timed during a load spike), and padding up to a bigger bucket is never chosen for it."""
+    split = [batch_and_inner(shapes) for shapes in spec.static_shapes]
+    capped = []
+    for mine, cost in zip(split, costs):
+        larger = [other for theirs, other in zip(split, costs)
+                  if mine and theirs and theirs[1] == mine[1] and theirs[0] >= mine[0]]
+        capped.append(min([cost, *larger]))
+    return capped
 
 
 def describe(spec: ModelSpec, costs: Sequence[float]) -> str:
