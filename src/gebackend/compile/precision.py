@@ -26,6 +26,8 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
+import shutil
+import tempfile
 import time
 from pathlib import Path
 from typing import Callable, Sequence
@@ -61,6 +63,29 @@ def _large(path: Path) -> bool:
     """Models whose file (or external data) approaches protobuf's 2 GiB limit are saved with external data."""
     size = path.stat().st_size + sum(p.stat().st_size for p in path.parent.glob(f"{path.name}.data"))
     return size >= onnx.checker.MAXIMUM_PROTOBUF // 2
+
+
+@contextlib.contextmanager
+def quantizer_source(path: Path, scratch: Path):
+    """What to hand ONNX Runtime's quantizers for the model at `path`: the loaded model, or for a model over 2 GB
+    (which cannot be loaded whole) a path to it in a private folder under `scratch`.
+
+    Given a path, the quantizers write `<stem>-inferred.onnx` beside it and delete it after. Beside the model that
+    fails on a read-only repository, and two instances lowering the same file at once break each other (seen on
+    CN_CLIP with 2 instances). The private folder holds a copy of the model's folder: onnx refuses external data
+    reached through a symlink (it resolves outside the model's folder) or a hard link (a "hardlink attack"), so the
+    copy costs the model's size in `scratch` for as long as the quantizer runs. A file of that scratch name in
+    the repository is not copied."""
+    if not _large(path):
+        yield onnx.load(str(path))
+        return
+    scratch.mkdir(parents=True, exist_ok=True)
+    inferred = f"{path.stem}-inferred{path.suffix}"
+    with tempfile.TemporaryDirectory(prefix="quantize.", dir=scratch) as folder:
+        view = Path(folder) / "model"
+        shutil.copytree(path.parent, view,
+                        ignore=lambda where, names: [inferred] if Path(where) == path.parent else [])
+        yield str(view / path.name)
 
 
 def _count(model: onnx.ModelProto, op_types: tuple[str, ...], weighted: bool = False) -> int:
@@ -131,11 +156,7 @@ def _int8(path: Path, out: Path, op_types: tuple[str, ...], log: Callable[[str],
 
     before = onnx.load(str(path), load_external_data=False)
     candidates = _count(before, op_types, weighted=True)
-    # Given a path, the quantizer writes `<stem>-inferred.onnx` beside it and deletes it after: two instances
-    # lowering the same file at once break each other (seen on CN_CLIP with 2 instances). A loaded model is
-    # quantized through a private temp folder instead; only models over 2 GB still go by path.
-    source = str(path) if _large(path) else onnx.load(str(path))
-    with _quiet():
+    with quantizer_source(path, out.parent) as source, _quiet():
         quantize_dynamic(
             source, str(out), op_types_to_quantize=list(op_types), weight_type=QuantType.QInt8,
             use_external_data_format=_large(path),

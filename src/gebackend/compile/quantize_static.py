@@ -135,12 +135,12 @@ def quantize_onnxruntime(path: Path, out: Path, samples: Sequence[dict], log: Ca
     """ORT static QDQ int8 of `path` written to `out`; the number of QuantizeLinear/DequantizeLinear nodes."""
     from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
 
+    from gebackend.compile.precision import quantizer_source
+
     activation, weight, reduce_range, why = ort_types()
     large = _large(path)
-    # a loaded model: given a path, the quantizer writes `<stem>-inferred.onnx` beside it (see precision._int8)
-    source = str(path) if large else onnx.load(str(path))
     try:
-        with quiet():
+        with quantizer_source(path, out.parent) as source, quiet():
             quantize_static(
                 source, str(out), _Reader(samples), quant_format=QuantFormat.QDQ, per_channel=True,
                 reduce_range=reduce_range, activation_type=getattr(QuantType, activation),
