@@ -1,9 +1,9 @@
 """Simulated scale-out: N `gebackend serve` replicas on loopback behind a round-robin proxy, bounded in time.
 
 Each replica serves one example model (default resnet_ge) pinned with taskset to its own core (replica i gets
-core i mod the cores here), as a pod with a 1-core limit and the static CPU manager would be. A small aiohttp
-reverse proxy (a separate process, loopback only) spreads requests over the replicas round-robin, as a Kubernetes
-Service does per connection. For each N:
+core i mod the cores here), as a pod with a 1-core limit and the static CPU manager would be. A round-robin proxy
+(bench/round_robin_proxy.py: HAProxy, or an aiohttp one; loopback only) spreads requests over the replicas, as a
+Kubernetes Service does per connection. For each N:
 
 1. saturation: a closed loop of 4N clients for `--saturate` seconds: throughput (infer/s) and latency;
 2. a rate step: an open loop at a fixed request rate, `--seconds` long, stepping from 50% to 150% of what ONE
@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import itertools
 import json
 import os
 import shutil
@@ -37,82 +36,18 @@ from pathlib import Path
 
 import numpy as np
 from deploy_facts import wait_quiet  # this folder: run as `python bench/scale_out.py`
+from round_robin_proxy import start_proxy
 
 from gebackend.engines import cpu
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples" / "model_repository"
-FORWARDED = ("Content-Type", "Inference-Header-Content-Length")
 
 
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
-
-
-# -- the proxy (its own process) --------------------------------------------------------------------------------
-def run_proxy(port: int, upstreams: list[str]) -> None:
-    from aiohttp import ClientSession, ClientTimeout, TCPConnector, web
-
-    async def main() -> None:
-        session = ClientSession(connector=TCPConnector(limit=0, keepalive_timeout=30), timeout=ClientTimeout(total=60))
-        targets = itertools.cycle(upstreams)
-
-        async def handle(request: web.Request) -> web.StreamResponse:
-            body = await request.read()
-            headers = {k: v for k, v in request.headers.items() if k in FORWARDED}
-            try:
-                async with session.request(request.method, next(targets) + request.path_qs, data=body,
-                                           headers=headers) as response:
-                    data = await response.read()
-                    out = {k: v for k, v in response.headers.items() if k in FORWARDED}
-                    return web.Response(body=data, status=response.status, headers=out)
-            except Exception as exc:  # noqa: BLE001 - an upstream that is gone: 502, as a proxy says it
-                return web.Response(status=502, text=f"upstream: {type(exc).__name__}: {exc}")
-
-        app = web.Application(client_max_size=64 * 2**20)
-        app.router.add_route("*", "/{tail:.*}", handle)
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        await web.TCPSite(runner, "127.0.0.1", port).start()
-        stop = asyncio.Event()
-        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
-        await stop.wait()
-        await runner.cleanup()
-        await session.close()
-
-    asyncio.run(main())
-
-
-def haproxy_config(port: int, upstreams: list[str]) -> str:
-    servers = "\n".join(f"  server r{i} {u.split('//', 1)[1]}" for i, u in enumerate(upstreams))
-    return f"""global
-  maxconn 4096
-  nbthread 1
-defaults
-  mode http
-  timeout connect 5s
-  timeout client 60s
-  timeout server 60s
-  option http-keep-alive
-frontend gebackend
-  bind 127.0.0.1:{port}
-  default_backend replicas
-backend replicas
-  balance roundrobin
-  http-reuse always
-{servers}
-"""
-
-
-def start_proxy(kind: str, port: int, upstreams: list[str], folder: Path) -> subprocess.Popen:
-    """HAProxy (Debian's, a C event loop: least of the cores it shares with the replicas) or the aiohttp proxy."""
-    if kind == "haproxy":
-        config = folder / f"haproxy-{port}.cfg"
-        config.write_text(haproxy_config(port, upstreams))
-        return subprocess.Popen(["haproxy", "-db", "-f", str(config)], stdout=subprocess.DEVNULL)
-    return subprocess.Popen([sys.executable, __file__, "--proxy", str(port), "--upstreams", ",".join(upstreams)])
 
 
 # -- replicas -----------------------------------------------------------------------------------------------------
@@ -316,15 +251,9 @@ def main() -> int:
     parser.add_argument("--proxy-kind", choices=("auto", "haproxy", "aiohttp"), default="auto",
                         help="auto: HAProxy where installed (apt-get install haproxy), else the aiohttp proxy")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "scale-out")
-    parser.add_argument("--proxy", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--wait-quiet", type=float, default=0, metavar="S",
-                        help="first wait up to S seconds for the 1-minute load average to drop below 0.8 (a shared machine)")  # internal: run the proxy on this port
-    parser.add_argument("--upstreams", help=argparse.SUPPRESS)
+                        help="first wait up to S seconds for the 1-minute load average to drop below 0.8 (a shared machine)")
     args = parser.parse_args()
-    if args.proxy:
-        run_proxy(args.proxy, args.upstreams.split(","))
-        return 0
-
     from gebackend.modelzoo import EXAMPLE_MODELS
 
     import onnx
