@@ -142,6 +142,13 @@ def test_metrics_move_with_traffic(server):
     assert metric(after, "gebackend_padded_rows_total", model="bert_ge_static") - \
         metric(before, "gebackend_padded_rows_total", model="bert_ge_static") == 3
     assert 0 < metric(after, "gebackend_padding_waste_ratio", model="bert_ge_static") < 1
+    # The costs its plans come from: buckets 1x16 and 4x16 share an inner shape, so they were measured at load;
+    # a smaller bucket never costs more than a larger one of the same inner shape.
+    one, four = (metric(after, "gebackend_bucket_run_seconds", model="bert_ge_static",
+                        bucket=f"input_ids:[{b}, 16]; attention_mask:[{b}, 16]") for b in (1, 4))
+    assert 0 < one <= four < 1, (one, four)
+    assert not [line for line in after.splitlines()  # the dynamic graph has no buckets to cost
+                if line.startswith("gebackend_bucket_run_seconds{") and 'model="bert_ge"' in line]
     fallback_before = metric(after, "gebackend_fallback_runs_total", model="bert_ge_fallback")
     infer(server, "http", "bert_ge_fallback", bert_feeds(1, 9, 1))
     text = scrape_when(server, lambda t: metric(t, "gebackend_fallback_runs_total", model="bert_ge_fallback") > fallback_before)

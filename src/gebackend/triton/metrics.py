@@ -4,6 +4,8 @@
 - `gebackend_rows_total{model}` / `gebackend_padded_rows_total{model}`: rows run, and how many of them
   were padding; `gebackend_padding_waste_ratio{model}` is their ratio;
 - `gebackend_fallback_runs_total{model}`: runs on the dynamic fallback (bucket_fallback=dynamic);
+- `gebackend_bucket_run_seconds{model,bucket}`: the cost of one run of each bucket that the static graph's plans
+  come from (pad or split: measured at load, then kept by the runs served), where it measures them;
 - `gebackend_compile_seconds{model}`: how long loading and compiling the model took.
 
 Published once a second by a daemon thread, never on the request path: each pb_utils metric call is a
@@ -32,11 +34,16 @@ class BackendMetrics:
             family("gebackend_padding_waste_ratio", "Padded rows / rows run", family.GAUGE),
             family("gebackend_fallback_runs_total", "Runs on the dynamic fallback engine", family.COUNTER),
             family("gebackend_compile_seconds", "Seconds spent loading and compiling the model", family.GAUGE),
+            family("gebackend_bucket_run_seconds", "Cost of one run of each bucket that plans are made from",
+                   family.GAUGE),
         ]
-        runs, rows, padded, waste, fallback, compile_time = self._families
-        router = getattr(runner, "router", None)
+        runs, rows, padded, waste, fallback, compile_time, run_seconds = self._families
+        self.router = router = getattr(runner, "router", None)
         names = router.describe() if router is not None else []
         self._bucket = [runs.Metric(labels={**labels, "bucket": name}) for name in names]
+        costed = router is not None and router.costs is not None
+        self._cost = [run_seconds.Metric(labels={**labels, "bucket": name}) for name in names] if costed else []
+        self._costs_shown = None
         self._rows, self._padded = rows.Metric(labels=labels), padded.Metric(labels=labels)
         self._waste, self._fallback = waste.Metric(labels=labels), fallback.Metric(labels=labels)
         compile_time.Metric(labels=labels).set(compile_seconds)
@@ -69,6 +76,11 @@ class BackendMetrics:
 
     def update(self) -> None:
         """Publish what the runner counted since the last update."""
+        costs = self.router.costs if self._cost else None
+        if costs is not None and costs != self._costs_shown:
+            for metric, cost in zip(self._cost, costs):
+                metric.set(cost)
+            self._costs_shown = list(costs)
         now = self._snapshot()
         if now == self._seen:
             return
