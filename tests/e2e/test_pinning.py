@@ -213,3 +213,34 @@ def test_pinned_instances_of_two_models_take_different_cores(tmp_path):
                 np.testing.assert_allclose(got.as_numpy(output), value, rtol=1e-4, atol=1e-5)
     finally:
         assert server.stop() == 0
+
+
+@pytest.mark.skipif(len(USABLE) < 2, reason="this process has one CPU: there is nothing to confine the server to")
+def test_a_server_confined_to_one_cpu_sizes_its_engine_threads_to_it(tmp_path):
+    """`taskset -c N gebackend serve` (or a pod's cpuset): ONNX Runtime's default would start a thread per machine
+    core, all on the one CPU; an instance that is not pinned gets one engine thread, and says why."""
+    repo = tmp_path / "models"
+    add_model(repo, "confined", 'backend: "ge"\nmax_batch_size: 4\n', build_bert())
+    add_model(repo, "confined_set", 'backend: "ge"\nmax_batch_size: 4\n' + params(intra_op_thread_count="2"), build_bert())
+    mine = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {USABLE[-1]})  # this thread's mask: the server started from it inherits it
+    try:
+        server = start_server(repo, tmp_path / "serve.log")
+    finally:
+        os.sched_setaffinity(0, mine)
+    try:
+        out = server.output()
+        assert re.search(r"model 'confined': intra_op_threads=1: this process may use 1 CPU\(s\), as its CPU "
+                         rf"affinity is 1 of the machine's {os.cpu_count()} CPUs", out), out[-3000:]
+        assert re.search(r"model 'confined' instance 'confined_0' loaded .* intra_op_threads=1 ", out)
+        assert re.search(r"model 'confined_set' instance 'confined_set_0' loaded .* intra_op_threads=2 ", out)
+        assert "model 'confined_set': intra_op_threads=1" not in out  # the user's setting stands, with a warning
+        assert "model 'confined_set': intra_op_thread_count=2 (set by the user) exceeds the 1 CPU(s)" in out
+        assert set(stub_affinities(server, "confined").values()) == {(USABLE[-1],)}
+        feeds = _feeds(3, 11, 5)
+        session = ort.InferenceSession(str(repo / "confined" / "1" / "model.onnx"), providers=["CPUExecutionProvider"])
+        got = infer(server, "grpc", "confined", feeds)
+        for output, value in zip([o.name for o in session.get_outputs()], session.run(None, feeds)):
+            np.testing.assert_allclose(got.as_numpy(output), value, rtol=1e-4, atol=1e-5)
+    finally:
+        assert server.stop() == 0

@@ -167,7 +167,7 @@ def _pin(name: str, instance: InstanceInfo, config: Mapping[str, Any], options, 
         plan = plan_for_instance(name, instance.name, config, options.instances.pin_instances,
                                  options.instances.cores_per_instance, instance.device_id)
         if plan is None:
-            return options, None
+            return _sized_to_allowance(name, options, log), None
         control = control_dir()
         if control is not None:  # under `gebackend serve`: take the cores other models left free
             ledger = CoreLedger(control)
@@ -184,6 +184,26 @@ def _pin(name: str, instance: InstanceInfo, config: Mapping[str, Any], options, 
                f"inter_op_threads={pinned.session.inter_op_thread_count} allow_spinning={pinned.session.allow_spinning}")
     (log.warn if plan.note or notes else log.info)(f"gebackend: model '{name}': {'; '.join([message, *notes])}")
     return pinned, ledger
+
+
+def _sized_to_allowance(name: str, options, log: InstanceLog):
+    """An instance that is not pinned, whose engine threads the user did not set: sized to the CPUs this process
+    may use, where those are fewer than the machine's (runtime/cpu_allowance.py); else the engine's default."""
+    from gebackend.runtime.cpu_allowance import cpu_allowance
+
+    allowance = cpu_allowance()
+    if allowance is None:
+        return options
+    mine = options.session.intra_op_thread_count
+    if mine:
+        if mine > allowance.cpus:
+            log.warn(f"gebackend: model '{name}': intra_op_thread_count={mine} (set by the user) exceeds the "
+                     f"{allowance.cpus} CPU(s) this process may use ({allowance.why}): threads share CPUs")
+        return options
+    log.info(f"gebackend: model '{name}': intra_op_threads={allowance.cpus}: this process may use "
+             f"{allowance.cpus} CPU(s), as {allowance.why} (ONNX Runtime's default counts the machine's cores); "
+             f"set intra_op_thread_count to choose")
+    return options.replace(intra_op_thread_count=allowance.cpus)
 
 
 def _resolve_auto(options: BackendOptions, path: Path, say: Callable[[str], None]) -> BackendOptions:
