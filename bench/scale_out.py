@@ -39,6 +39,7 @@ from deploy_facts import wait_quiet  # this folder: run as `python bench/scale_o
 from round_robin_proxy import start_proxy
 
 from gebackend.engines import cpu
+from gebackend.files import link_or_copy
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples" / "model_repository"
@@ -201,6 +202,16 @@ def _percentiles(latencies: list[float]) -> dict:
 
 
 # -- the run ------------------------------------------------------------------------------------------------------
+def rounds_of(runs: list[dict]) -> list[list[dict]]:
+    """`--replicas 1,2,1,2` measures two rounds: a round ends where the replica count stops growing."""
+    rounds: list[list[dict]] = []
+    for run in runs:
+        if not rounds or run["replicas"] <= rounds[-1][-1]["replicas"]:
+            rounds.append([])
+        rounds[-1].append(run)
+    return rounds
+
+
 def plot(result: dict, path: Path) -> None:
     import matplotlib
 
@@ -209,19 +220,23 @@ def plot(result: dict, path: Path) -> None:
 
     runs = result["runs"]
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
-    ns = [r["replicas"] for r in runs]
-    tput = [r["saturation"]["infer_per_s"] for r in runs]
-    left.plot(ns, tput, "o-", label="measured")
-    left.plot(ns, [tput[0] * n for n in ns], "--", color="grey", label="linear from N=1")
+    rounds = rounds_of(runs)
+    for number, group in enumerate(rounds, 1):
+        ns = [r["replicas"] for r in group]
+        tput = [r["saturation"]["infer_per_s"] for r in group]
+        line, = left.plot(ns, tput, "o-", label=f"round {number}" if len(rounds) > 1 else "measured")
+        left.plot(ns, [tput[0] / ns[0] * n for n in ns], "--", color=line.get_color(), alpha=0.5,
+                  label="linear from its first N" if number == 1 else None)
     left.set_xlabel("replicas (1 core each)")
     left.set_ylabel(f"requests/s (batch {result['batch']}, saturated)")
-    left.set_xticks(ns)
+    left.set_xticks(sorted({r["replicas"] for r in runs}))
     left.set_title(f"{result['model']}: throughput vs replicas")
     left.legend()
-    for run in runs:
-        seconds = run["step"]["per_second"]
-        right.plot([s["t"] for s in seconds], [s["p99_ms"] for s in seconds], "o-", markersize=3,
-                   label=f"N={run['replicas']}")
+    for number, group in enumerate(rounds, 1):
+        for run in group:
+            seconds = run["step"]["per_second"]
+            right.plot([s["t"] for s in seconds], [s["p99_ms"] for s in seconds], "o-", markersize=3,
+                       label=f"N={run['replicas']}" + (f", round {number}" if len(rounds) > 1 else ""))
     step_at = result["phases"][0][1]
     right.axvline(step_at, color="grey", linestyle=":")
     right.text(step_at, 0.03, f" offered {result['phases'][0][0]:.0f} -> {result['phases'][1][0]:.0f} req/s",
@@ -242,6 +257,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--replicas", default=None, help="comma list (default: 1..cores)")
     parser.add_argument("--model", default="resnet_ge", choices=sorted(p.parent.name for p in EXAMPLES.glob("*/config.pbtxt")))
+    parser.add_argument("--onnx", type=Path, metavar="FILE",
+                        help="serve this ONNX file (named after its folder, resnet_ge's config: auto-complete fills "
+                             "in the rest) instead of an example model; one whose requests take long next to the load "
+                             "generator's and the proxy's cost, e.g. bench/models/resnet50/model.onnx, shows the "
+                             "scale-out where the load generator shares the replicas' cores")
     parser.add_argument("--batch", type=int, default=8,
                         help="samples a request (8: a replica's work per request outweighs the load generator's)")
     parser.add_argument("--seq", type=int, default=16, help="sequence length of bert_ge requests")
@@ -264,12 +284,19 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="scale-out-"))
     repo = work / "repo"
-    (repo / args.model / "1").mkdir(parents=True)
-    shutil.copy(EXAMPLES / args.model / "config.pbtxt", repo / args.model / "config.pbtxt")
-    onnx.save(EXAMPLE_MODELS[args.model](), str(repo / args.model / "1" / "model.onnx"))
+    if args.onnx:
+        args.model = args.onnx.resolve().parent.name
+        (repo / args.model / "1").mkdir(parents=True)
+        config = (EXAMPLES / "resnet_ge" / "config.pbtxt").read_text().replace('"resnet_ge"', f'"{args.model}"')
+        (repo / args.model / "config.pbtxt").write_text(config)
+        link_or_copy(args.onnx, repo / args.model / "1" / "model.onnx")
+    else:
+        (repo / args.model / "1").mkdir(parents=True)
+        shutil.copy(EXAMPLES / args.model / "config.pbtxt", repo / args.model / "config.pbtxt")
+        onnx.save(EXAMPLE_MODELS[args.model](), str(repo / args.model / "1" / "model.onnx"))
     body, headers = request_body(args.model, repo, args.batch, args.seq)
     kind = args.proxy_kind if args.proxy_kind != "auto" else ("haproxy" if shutil.which("haproxy") else "aiohttp")
-    result = {"cpu": cpu.describe(), "cores": cores, "model": args.model, "batch": args.batch, "seq": args.seq, "proxy": kind,
+    result = {"cpu": cpu.describe(), "cores": cores, "model": args.model, "onnx": str(args.onnx or ""), "batch": args.batch, "seq": args.seq, "proxy": kind,
               "load_average_start": os.getloadavg(), "load_when_started": quiet, "runs": []}
     path = f"/v2/models/{args.model}/infer"
     try:
@@ -304,13 +331,14 @@ def main() -> int:
     plot(result, args.out / "scale_out.png")
     print(f"\nproxy: {kind}; {result['cpu']}, {cores} cores, load average {result['load_average_start'][0]:.2f} -> "
           f"{result['load_average_end'][0]:.2f}\n")
-    print(f"| replicas | saturated requests/s (batch {args.batch}) | samples/s | p50 | p99 | x N=1 |\n"
-          "| ---: | ---: | ---: | ---: | ---: | ---: |")
-    base = result["runs"][0]["saturation"]["infer_per_s"] if result["runs"] else 1
-    for run in result["runs"]:
-        s = run["saturation"]
-        print(f"| {run['replicas']} | {s['infer_per_s']} | {s['infer_per_s'] * args.batch:.0f} | {s['p50_ms']} ms | "
-              f"{s['p99_ms']} ms | {s['infer_per_s'] / base:.2f} |")
+    print(f"| round | replicas | saturated requests/s (batch {args.batch}) | samples/s | p50 | p99 | x its round's first |\n"
+          "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for number, group in enumerate(rounds_of(result["runs"]), 1):
+        base = group[0]["saturation"]["infer_per_s"] or 1
+        for run in group:
+            s = run["saturation"]
+            print(f"| {number} | {run['replicas']} | {s['infer_per_s']} | {s['infer_per_s'] * args.batch:.0f} | "
+                  f"{s['p50_ms']} ms | {s['p99_ms']} ms | {s['infer_per_s'] / base:.2f} |")
     print("\n| replicas | offered req/s | answered/s | p50 | p99 | errors | dropped |\n| ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for run in result["runs"]:
         for phase in run["step"]["phases"]:
