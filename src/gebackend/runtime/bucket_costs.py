@@ -8,19 +8,11 @@ hits all of them alike, and a bucket's cost is its least time: the run least dis
 so the router pads as it always did: models without batching, a single batch size per inner shape (there is
 nothing to choose), graphs whose input values decide a shape (zeros are no valid input there), and any bucket
 that fails to run on zeros. `bucket_plan=smallest` switches the measurement off.
-
-Kept true while serving (`ServedCosts`): costs timed at load can be off for the server's whole life when the load
-coincided with a spike that lasted seconds (other models or instances loading beside it; seen: every sample of one
-bucket at 2.5x its quiet time, so a batch of 4 ran as 1+1+1+1). So every served run of a bucket is timed, and once
-a bucket has `SERVED_MIN_RUNS` runs, its cost is the least of its last `SERVED_WINDOW` runs whenever that moves it
-by more than `SERVED_CHANGE`. The router replans then, and explores: a batch it splits runs padded once in
-`EXPLORE_EVERY` (runtime/buckets.py), so the bucket a split avoids is timed again too.
 """
 
 from __future__ import annotations
 
 import time
-from collections import deque
 from typing import Callable, Mapping, Sequence
 
 import numpy as np
@@ -29,9 +21,6 @@ from gebackend.config.spec import ModelSpec
 from gebackend.engines.base import StaticEngine
 
 ROUNDS = 3
-SERVED_WINDOW = 16
-SERVED_MIN_RUNS = 3
-SERVED_CHANGE = 0.05
 
 
 def batch_and_inner(shapes: Mapping[str, Sequence[int]]) -> tuple[int, tuple] | None:
@@ -85,11 +74,7 @@ def monotone(spec: ModelSpec, costs: Sequence[float]) -> list[float]:
     """Each bucket's cost capped by that of every larger bucket of the same inner shape: a run of more rows does not
     cost less, so a timing that says so is noise (seen in CI: a 1-row request padded to bucket 4 because bucket 1 was
     timed during a load spike), and padding up to a bigger bucket is never chosen for it."""
-    return capped_by_larger([batch_and_inner(shapes) for shapes in spec.static_shapes], costs)
-
-
-def capped_by_larger(split: Sequence[tuple[int, tuple] | None], costs: Sequence[float]) -> list[float]:
-    """`monotone` on each bucket's (batch, inner shape) as `batch_and_inner` gives it."""
+    split = [batch_and_inner(shapes) for shapes in spec.static_shapes]
     capped = []
     for mine, cost in zip(split, costs):
         larger = [other for theirs, other in zip(split, costs)
@@ -98,54 +83,23 @@ def capped_by_larger(split: Sequence[tuple[int, tuple] | None], costs: Sequence[
     return capped
 
 
-class ServedCosts:
-    """The costs a router plans with, from the load's measurement and then from the runs it serves (see the top)."""
-
-    def __init__(self, split: Sequence[tuple[int, tuple] | None], costs: Sequence[float]):
-        """`split`: each bucket's (batch, inner shape), `batch_and_inner`; `costs`: measured at load."""
-        self.split = list(split)
-        self.estimates = [float(c) for c in costs]  # per bucket, before the cap by larger buckets
-        self.costs = capped_by_larger(self.split, self.estimates)
-        self._recent = [deque(maxlen=SERVED_WINDOW) for _ in self.estimates]
-
-    def observe(self, bucket: int, seconds: float) -> bool:
-        """Count one served run of `bucket`; True when that changed the costs (the plans must be made again)."""
-        recent = self._recent[bucket]
-        recent.append(seconds)
-        if len(recent) < SERVED_MIN_RUNS:
-            return False
-        least = min(recent)
-        if abs(least - self.estimates[bucket]) <= SERVED_CHANGE * self.estimates[bucket]:
-            return False
-        self.estimates[bucket] = least
-        costs = capped_by_larger(self.split, self.estimates)
-        changed, self.costs = costs != self.costs, costs
-        return changed
-
-
-def splits(spec: ModelSpec, costs: Sequence[float]) -> list[str]:
-    """Per batch size up to the largest bucket, the ones these costs run split rather than padded ("3 as 2+1"),
-    on the first inner shape (the common one-shape case; others follow the same rule)."""
+def describe(spec: ModelSpec, costs: Sequence[float]) -> str:
+    """The load line: each bucket's measured cost and, per batch size up to the largest bucket, how it runs."""
     from gebackend.runtime.buckets import batch_plan
 
-    split = [batch_and_inner(shapes) for shapes in spec.static_shapes]  # never None: worth_measuring said so
-    same = sorted((batch, cost) for (batch, inner), cost in zip(split, costs) if inner == split[0][1])
-    batches, bucket_costs = [b for b, _ in same], [c for _, c in same]
-    found = []
-    for rows in range(1, batches[-1] + 1):
-        plan = batch_plan(rows, batches, bucket_costs)
-        if plan != batch_plan(rows, batches, None):
-            found.append(f"{rows} as {'+'.join(str(batches[i]) for i in plan)}")
-    return found
-
-
-def describe(spec: ModelSpec, costs: Sequence[float], when: str = "at load") -> str:
-    """The log line: each bucket's cost (measured `when`) and, per batch size up to the largest bucket, how it runs."""
     parts = []
     for shapes, cost in zip(spec.static_shapes, costs):
         label = ";".join(f"{n}:{','.join(map(str, s))}" for n, s in shapes.items())
         parts.append(f"[{label}] {cost * 1000:.2f} ms")
-    text = f"bucket run costs measured {when}: " + ", ".join(parts)
-    found = splits(spec, costs)
-    return text + ("; batches split instead of padded: " + ", ".join(found) if found else
+    text = "bucket run costs measured at load: " + ", ".join(parts)
+    # How batches run on the first inner shape (the common one-shape case; others follow the same rule).
+    split = [batch_and_inner(shapes) for shapes in spec.static_shapes]  # never None: worth_measuring said so
+    same = sorted((batch, cost) for (batch, inner), cost in zip(split, costs) if inner == split[0][1])
+    batches, bucket_costs = [b for b, _ in same], [c for _, c in same]
+    splits = []
+    for rows in range(1, batches[-1] + 1):
+        plan = batch_plan(rows, batches, bucket_costs)
+        if plan != batch_plan(rows, batches, None):
+            splits.append(f"{rows} as {'+'.join(str(batches[i]) for i in plan)}")
+    return text + ("; batches split instead of padded: " + ", ".join(splits) if splits else
                    "; every batch pads up to the smallest bucket that holds it")

@@ -11,10 +11,7 @@ more than `SPLIT_MARGIN` (`batch_plan`): on 2 cores a batch of 3 padded to bucke
 row of compute, while runs of 2 and 1 may cost less; a batch of 5 on buckets 1/2/4/8 may run as 4 + 1
 rather than padded to 8. Padding still wins where a run's fixed cost is large next to a row's (small
 models, many threads), and the measured costs say which. The margin keeps costs timed on a busy machine
-(models loading side by side) from splitting a batch for a gain that is only noise. The runner times every run
-it serves (`observe`), which keeps the costs true (runtime/bucket_costs.py: `ServedCosts`); a batch the plan splits
-runs padded once in `EXPLORE_EVERY`, so the bucket the split avoids is timed again and a split that a bad timing
-made is undone.
+(models loading side by side) from splitting a batch for a gain that is only noise.
 """
 
 from __future__ import annotations
@@ -24,8 +21,6 @@ from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 import numpy as np
-
-from gebackend.runtime.bucket_costs import ServedCosts, batch_and_inner
 
 Shapes = Mapping[str, tuple[int, ...]]
 
@@ -61,7 +56,6 @@ def cheapest_cover(rows: int, batches: Sequence[int], costs: Sequence[float]) ->
 
 
 SPLIT_MARGIN = 0.10  # a split must beat padding by this fraction of padding's cost
-EXPLORE_EVERY = 16  # a batch shape the plan splits runs padded once in this many times
 
 
 def padded_cover(rows: int, batches: Sequence[int]) -> list[int]:
@@ -100,9 +94,7 @@ class BucketRouter:
         """`*_labels`: the ONNX dim name of every axis *after* the batch axis (None when unnamed); `costs`: the
         measured cost of one run of each bucket (None: the smallest bucket that holds a batch, always)."""
         self.buckets = [dict(b) for b in buckets]
-        self.served = None if costs is None else ServedCosts(
-            [batch_and_inner(b) if batching else None for b in self.buckets], costs)
-        self.replans = 0  # how often served runs changed the costs
+        self.costs = None if costs is None else [float(c) for c in costs]
         self.batching = batching
         self.paddable = set(paddable)
         offset = 1 if batching else 0
@@ -115,7 +107,7 @@ class BucketRouter:
         # Per bucket, computed once: routing runs on every request (numpy here cost ~100 us a request).
         self._inner = [sum(math.prod(shape[offset:]) for shape in b.values()) for b in self.buckets]
         self._batch = [next(iter(b.values()))[0] if batching and b else 1 for b in self.buckets]  # rank-0 inputs: no batch
-        self._plans: dict[tuple, list] = {}  # request shapes -> [plan, padded plan where it differs, uses]
+        self._plans: dict[tuple, list[Chunk] | None] = {}  # request shapes -> plan (shapes repeat)
 
     # -- routing -------------------------------------------------------------------------------
     def _fits(self, bucket: Shapes, shapes: Shapes) -> bool:
@@ -129,36 +121,20 @@ class BucketRouter:
                     return False
         return True
 
-    @property
-    def costs(self) -> list[float] | None:
-        """The cost of one run of each bucket that plans are made from (None: not measured, always pad)."""
-        return None if self.served is None else self.served.costs
-
-    def observe(self, bucket: int, seconds: float) -> bool:
-        """A served run of `bucket` took `seconds`; True when that changed the costs, and so the plans."""
-        if self.served is None or not self.served.observe(bucket, seconds):
-            return False
-        self._plans.clear()
-        self.replans += 1
-        return True
-
     def plan(self, shapes: Shapes) -> list[Chunk] | None:
         """The runs that cover a batch of these input shapes, or None if no bucket can hold it."""
         key = tuple((name, tuple(shape)) for name, shape in shapes.items())
-        entry = self._plans.get(key)
-        if entry is None:
-            chunks = self._plan(shapes, self.costs)
-            padded = self._plan(shapes, None) if self.costs is not None and chunks is not None else None
-            entry = [chunks, padded if padded != chunks else None, 0]
-            if len(self._plans) >= 4096:
-                self._plans.clear()
-            self._plans[key] = entry
-        if entry[1] is None:
-            return entry[0]
-        entry[2] += 1
-        return entry[1] if entry[2] % EXPLORE_EVERY == 0 else entry[0]
+        try:
+            return self._plans[key]
+        except KeyError:
+            pass
+        chunks = self._plan(shapes)
+        if len(self._plans) >= 4096:
+            self._plans.clear()
+        self._plans[key] = chunks
+        return chunks
 
-    def _plan(self, shapes: Shapes, costs: Sequence[float] | None) -> list[Chunk] | None:
+    def _plan(self, shapes: Shapes) -> list[Chunk] | None:
         candidates = [i for i, b in enumerate(self.buckets) if self._fits(b, shapes)]
         if not candidates:
             return None
@@ -171,8 +147,9 @@ class BucketRouter:
         by_batch = sorted(same_inner, key=lambda i: self.batch_of(i))
         rows = next(iter(shapes.values()))[0]
         batches = [self.batch_of(i) for i in by_batch]
+        costs = None if self.costs is None else [self.costs[i] for i in by_batch]
         chunks, start = [], 0
-        for position in batch_plan(rows, batches, None if costs is None else [costs[i] for i in by_batch]):
+        for position in batch_plan(rows, batches, costs):
             take = min(rows - start, batches[position])
             if take > 0:  # (positive costs never choose a run with nothing left to take)
                 chunks.append(Chunk(by_batch[position], start, start + take))

@@ -114,25 +114,10 @@ def _static_executor(spec: ModelSpec, providers: Sequence, log: Callable[[str], 
         costs,
     )
     fallback = create_engine(spec, providers) if spec.options.static.bucket_fallback == "dynamic" else None
-    runner = BucketRunner(spec.name, router, engine, output_names, fallback, _replan_log(spec, costs, log))
+    runner = BucketRunner(spec.name, router, engine, output_names, fallback)
     how = (f"static graph, buckets [{' | '.join(router.describe())}], fallback={spec.options.static.bucket_fallback}, "
            f"{engine.describe()}")
     return Executor(spec, runner), how
-
-
-def _replan_log(spec: ModelSpec, costs, log: Callable[[str], None]):
-    """What the runner calls when served runs changed the bucket costs: a log line when the splits changed."""
-    if costs is None:
-        return None
-    shown = [bucket_costs.splits(spec, costs)]
-
-    def replanned(new_costs) -> None:
-        now = bucket_costs.splits(spec, new_costs)
-        if now != shown[0]:
-            shown[0] = now
-            log(bucket_costs.describe(spec, new_costs, "while serving"))
-
-    return replanned
 
 
 def _static_engine(spec: ModelSpec, providers: Sequence, log: Callable[[str], None]):

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import time
 from collections import Counter
-from typing import Callable, Mapping, Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 
@@ -58,14 +57,9 @@ class BucketRunner:
         engine: StaticEngine,
         output_names: Sequence[str],
         fallback: Engine | None = None,
-        on_replan: Callable[[list[float]], None] | None = None,
-        clock: Callable[[], float] = time.perf_counter,
     ):
-        """`engine`'s bucket i is the router's bucket i (both list the spec's static shapes in order). Where the
-        router plans by measured costs, each bucket run is timed for it; `on_replan(costs)` hears when that changed
-        the costs."""
+        """`engine`'s bucket i is the router's bucket i (both list the spec's static shapes in order)."""
         self.model, self.router, self.engine, self.fallback = model, router, engine, fallback
-        self.on_replan, self.clock = on_replan, clock
         self.output_names = list(output_names)
         self.runs_per_bucket: Counter[int] = Counter()
         self.fallback_runs = 0
@@ -90,7 +84,7 @@ class BucketRunner:
         pieces = []
         for chunk in plan:
             padded = self.router.pad(feeds, chunk)
-            outputs = self._run_bucket(padded, chunk.bucket)
+            outputs = run_engine(self.model, self.engine, padded, self.output_names, chunk.bucket)
             bucket_rows = self.router.batch_of(chunk.bucket) if self.router.batching else 1
             if self.router.batching:
                 self._check_batch_axis(outputs, bucket_rows)
@@ -102,17 +96,8 @@ class BucketRunner:
             return pieces[0]
         return {name: np.concatenate([p[name] for p in pieces], axis=0) for name in self.output_names}
 
-    def _run_bucket(self, feeds: Tensors, bucket: int) -> dict[str, np.ndarray]:
-        if self.router.costs is None:
-            return run_engine(self.model, self.engine, feeds, self.output_names, bucket)
-        start = self.clock()
-        outputs = run_engine(self.model, self.engine, feeds, self.output_names, bucket)
-        if self.router.observe(bucket, self.clock() - start) and self.on_replan is not None:
-            self.on_replan(self.router.costs)
-        return outputs
-
     def _run_exact(self, feeds: Tensors, bucket: int) -> dict[str, np.ndarray]:
-        outputs = self._run_bucket(feeds, bucket)
+        outputs = run_engine(self.model, self.engine, feeds, self.output_names, bucket)
         rows = self.router.batch_of(bucket) if self.router.batching else 1
         if self.router.batching:
             self._check_batch_axis(outputs, rows)
