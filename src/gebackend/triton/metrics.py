@@ -5,7 +5,7 @@
   were padding; `gebackend_padding_waste_ratio{model}` is their ratio;
 - `gebackend_fallback_runs_total{model}`: runs on the dynamic fallback (bucket_fallback=dynamic);
 - `gebackend_bucket_run_seconds{model,bucket}`: the cost of one run of each bucket that the static graph's plans
-  come from (pad or split: measured at load, then kept by the runs served), where it measures them;
+  come from (pad or split, measured at load), where it measures them;
 - `gebackend_compile_seconds{model}`: how long loading and compiling the model took.
 
 Published once a second by a daemon thread, never on the request path: each pb_utils metric call is a
