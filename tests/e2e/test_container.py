@@ -40,6 +40,7 @@ IMAGE = os.environ.get("GE_CONTAINER_IMAGE", "localhost/gebackend:latest")
 BUILD_TIMEOUT = int(os.environ.get("GE_CONTAINER_BUILD_TIMEOUT", "1500"))
 GRACE = 30  # podman stop -t: seconds between SIGTERM and SIGKILL
 SHM_SIZE = "64m"  # docker's and podman's default; the examples need 3 MiB
+CPUS = "1"  # a pod limited to one CPU: the engines must size their threads to it, not to the machine
 STAMPED = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ [IWEV] \d+ [^\]]+\] ")
 
 pytestmark = [pytest.mark.container, pytest.mark.e2e, pytest.mark.timeout(BUILD_TIMEOUT + 600)]
@@ -150,10 +151,10 @@ def podman(request) -> Podman:
 
 def _locked_down(http: int, grpc: int, metrics: int, *extra: str) -> list[str]:
     """What a cluster gives the container: read-only root, tmpfs /tmp, uid 1000, no capabilities, a small /dev/shm,
-    ports on 127.0.0.1 only."""
+    a CPU limit (a cgroup quota of one CPU, as `limits.cpu: "1"`), ports on 127.0.0.1 only."""
     return [
         "--read-only", "--tmpfs", "/tmp:rw,size=1g,mode=1777", "--user", "1000:1000", "--cap-drop", "ALL",
-        "--security-opt", "no-new-privileges", "--shm-size", SHM_SIZE, "--memory", "4g",
+        "--security-opt", "no-new-privileges", "--shm-size", SHM_SIZE, "--memory", "4g", "--cpus", CPUS,
         "-p", f"127.0.0.1:{http}:{extra_port(extra, '--http-port', 8000)}",
         "-p", f"127.0.0.1:{grpc}:{extra_port(extra, '--grpc-port', 8001)}",
         "-p", f"127.0.0.1:{metrics}:8002",
@@ -250,6 +251,13 @@ def test_the_image_serves_the_examples_locked_down(podman: Podman, served, tmp_p
     assert ours and all(STAMPED.match(line) for line in ours)
     assert any('gebackend] "ready; Ctrl-C to stop"' in line for line in ours)
     assert any("/dev/shm has 64.0 MiB free" in line for line in ours)
+    # the CPU limit reaches the engine: a thread per CPU of the quota, not one per core of the machine
+    sized = [line for line in logs if "this process may use 1 CPU(s), as its cgroup's CPU quota is 1 CPU(s)" in line]
+    if (os.cpu_count() or 1) > 1:
+        loaded = [line for line in logs if "intra_op_threads=" in line]
+        # resnet_npu_ge sets intra_op_thread_count=1 itself: its setting stands, and fits the quota (no warning)
+        assert {re.search(r"model '(\w+)'", line).group(1) for line in sized} == {"bert_ge", "resnet_ge"}, loaded
+        assert not [line for line in logs if "exceeds the 1 CPU(s)" in line]
     # every other line continues the event before it: Triton's tables, and NVML's own complaint on stderr
     assert STAMPED.match(logs[0])
     loose = [line for line in logs if not STAMPED.match(line) and line.strip() and line[0] not in "+|"
