@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from gebackend.bench import soak
+from gebackend.bench import soak, soak_report
 
 METRICS = """# HELP nv_inference_request_success Number of successful inference requests, all batch sizes
 # TYPE nv_inference_request_success counter
@@ -82,10 +82,10 @@ def test_markdown_and_plots(tmp_path):
                                        "memory": soak.memory_growth([(0, 40.0), (30, 42.0), (60, 42.0)], 12.0)}},
         "problems": [], "passed": True,
     }
-    text = soak.markdown(full)
+    text = soak_report.markdown(full)
     assert "**PASSED**" in text and "| m | static | 1,000 | 0 | 16.7 (15.0-18.0) | 9.5 ms |" in text
     assert "| tritonserver | 40.0 MiB | 42.0 MiB | 42.0 MiB | 42.0 MiB | +0.00% |" in text
-    paths = soak.plot(full, tmp_path)
+    paths = soak_report.plot(full, tmp_path)
     assert [p.name for p in paths] == ["soak_rss.png", "soak_throughput.png"]
     assert all(p.stat().st_size > 10_000 for p in paths)
     assert not math.isnan(full["processes"]["tritonserver"]["memory"]["growth"])
