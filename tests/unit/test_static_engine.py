@@ -441,3 +441,23 @@ def test_a_graph_that_fails_to_build_leaves_no_folder_behind(tmp_path):
     with pytest.raises(ModelLoadError, match=r"ONNX Runtime cannot build the static graph for \{'x': \(2,\)\}"):
         OrtStaticEngine(graphs, BackendOptions(), temp_parent=parent)
     assert list(parent.iterdir()) == []
+
+
+@pytest.mark.parametrize("user, expected", [
+    ({}, ("on", "on")),  # several buckets: spin within a run, stop when it returns
+    ({"force_spinning_stop": "off"}, ("off", "off")),  # no stop asked for: no spinning, as before
+    ({"allow_spinning": "off"}, ("off", "auto")),  # the user's settings stand
+    ({"allow_spinning": "on"}, ("on", "auto")),
+])
+def test_bucket_sessions_spin_within_a_run_and_stop_when_it_returns(tmp_path, user, expected):
+    path = tmp_path / "model.onnx"
+    onnx.save(build_resnet(), str(path))
+    shapes = [{"image": (b, 3, 64, 64)} for b in (1, 2)]
+    graphs, _ = compile_static(path, shapes, 1 << 20)
+    engine = OrtStaticEngine(graphs, BackendOptions.make(**user))
+    session = engine._options.session
+    assert (session.allow_spinning, session.force_spinning_stop) == expected
+    text = engine.describe()
+    assert f"allow_spinning={expected[0]}" in text
+    single = OrtStaticEngine(compile_static(path, shapes[:1], 1 << 20)[0], BackendOptions())
+    assert single._options.session.allow_spinning == "auto"  # one session: ORT's default
