@@ -38,12 +38,11 @@ class BackendMetrics:
                    family.GAUGE),
         ]
         runs, rows, padded, waste, fallback, compile_time, run_seconds = self._families
-        self.router = router = getattr(runner, "router", None)
+        router = getattr(runner, "router", None)
         names = router.describe() if router is not None else []
         self._bucket = [runs.Metric(labels={**labels, "bucket": name}) for name in names]
-        costed = router is not None and router.costs is not None
-        self._cost = [run_seconds.Metric(labels={**labels, "bucket": name}) for name in names] if costed else []
-        self._costs_shown = None
+        for name, cost in zip(names, (router.costs or []) if router is not None else []):  # fixed at load
+            run_seconds.Metric(labels={**labels, "bucket": name}).set(cost)
         self._rows, self._padded = rows.Metric(labels=labels), padded.Metric(labels=labels)
         self._waste, self._fallback = waste.Metric(labels=labels), fallback.Metric(labels=labels)
         compile_time.Metric(labels=labels).set(compile_seconds)
@@ -76,11 +75,6 @@ class BackendMetrics:
 
     def update(self) -> None:
         """Publish what the runner counted since the last update."""
-        costs = self.router.costs if self._cost else None
-        if costs is not None and costs != self._costs_shown:
-            for metric, cost in zip(self._cost, costs):
-                metric.set(cost)
-            self._costs_shown = list(costs)
         now = self._snapshot()
         if now == self._seen:
             return
