@@ -286,14 +286,15 @@ def main() -> int:
     repo = work / "repo"
     if args.onnx:
         args.model = args.onnx.resolve().parent.name
-        (repo / args.model / "1").mkdir(parents=True)
+    folder = repo / args.model
+    (folder / "1").mkdir(parents=True)
+    if args.onnx:
         config = (EXAMPLES / "resnet_ge" / "config.pbtxt").read_text().replace('"resnet_ge"', f'"{args.model}"')
-        (repo / args.model / "config.pbtxt").write_text(config)
-        link_or_copy(args.onnx, repo / args.model / "1" / "model.onnx")
+        (folder / "config.pbtxt").write_text(config)
+        link_or_copy(args.onnx, folder / "1" / "model.onnx")
     else:
-        (repo / args.model / "1").mkdir(parents=True)
-        shutil.copy(EXAMPLES / args.model / "config.pbtxt", repo / args.model / "config.pbtxt")
-        onnx.save(EXAMPLE_MODELS[args.model](), str(repo / args.model / "1" / "model.onnx"))
+        shutil.copy(EXAMPLES / args.model / "config.pbtxt", folder / "config.pbtxt")
+        onnx.save(EXAMPLE_MODELS[args.model](), str(folder / "1" / "model.onnx"))
     body, headers = request_body(args.model, repo, args.batch, args.seq)
     kind = args.proxy_kind if args.proxy_kind != "auto" else ("haproxy" if shutil.which("haproxy") else "aiohttp")
     result = {"cpu": cpu.describe(), "cores": cores, "model": args.model, "onnx": str(args.onnx or ""), "batch": args.batch, "seq": args.seq, "proxy": kind,
