@@ -65,17 +65,18 @@ def cpu_allowance(affinity: set[int] | None = None, machine_cpus: int | None = N
 def _own_folders(root: Path, own: Callable[[], str] | None) -> list[Path]:
     """The cgroup folders that may hold this process's limits: its own (from /proc/self/cgroup), then the root of
     the namespace (inside a container the process's cgroup is usually that root)."""
-    text = (own or _read_self_cgroup)()
-    folders = []
-    for line in text.splitlines():
+    folders: list[Path] = []
+    for line in (own or _read_self_cgroup)().splitlines():
         parts = line.split(":", 2)
-        if len(parts) == 3 and parts[2].startswith("/"):
-            controllers = parts[1].split(",") if parts[1] else []
-            base = root if not controllers else root / ("cpu,cpuacct" if (root / "cpu,cpuacct").is_dir() else "cpu")
-            if controllers and "cpu" not in controllers:
-                continue
-            folders.append(base / parts[2].lstrip("/"))
-            folders.append(base)
+        if len(parts) != 3 or not parts[2].startswith("/"):
+            continue
+        controllers = parts[1].split(",") if parts[1] else []  # none: the v2 hierarchy
+        if controllers and "cpu" not in controllers:
+            continue
+        base = root / ("cpu,cpuacct" if (root / "cpu,cpuacct").is_dir() else "cpu") if controllers else root
+        for folder in (base / parts[2].lstrip("/"), base):
+            if folder not in folders:
+                folders.append(folder)
     return folders or [root]
 
 
