@@ -31,7 +31,7 @@ pytestmark = pytest.mark.e2e
 
 PROTOCOLS = {"http": httpclient, "grpc": grpcclient}
 MODELS = ("cnclip_image", "cnclip_text", "cnclip_image_preprocess", "cnclip_text_preprocess", "cnclip_image_encoder",
-          "cnclip_text_encoder", "cnclip_normalize")
+          "cnclip_text_encoder")
 TEXTS = ["一只可爱的小猫在草地上玩耍。", "a photo of a cat", "", "   ", "我爱北京天安门🐱🥰👍🏽", "Crème brûlée café, naïve! ＡＢＣ１２３",
          "长" * 80, " ".join(["preprocessing"] * 40), "COVID-19 疫情期间的 e-mail：2024年3月", "\x00\u200b控制\x7f字符"]
 

@@ -12,6 +12,7 @@ import struct
 from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
 from PIL import Image
 
@@ -204,8 +205,10 @@ def test_write_repository_serves_the_encoder_as_the_scenario(tmp_path, kind):
     encoder = load_model_config(root / p.encoder / "config.pbtxt")
     assert encoder["name"] == p.encoder and encoder["instance_group"][0]["count"] == 2
     assert encoder["parameters"]["cores_per_instance"]["string_value"] == "1"
-    assert (root / p.encoder / "1" / "model.onnx").resolve() == path.resolve()
-    assert (root / p.normalize / "1" / "model.onnx").is_file()
+    served = root / p.encoder / "1" / "model.onnx"  # its own file, with the normalised output; the cache's unchanged
+    assert [o.name for o in onnx.load(str(served)).graph.output] == [p.encoder_output, p.features]
+    assert [o.name for o in onnx.load(str(path)).graph.output] == [p.encoder_output]
+    assert [o["name"] for o in encoder["output"]] == [p.encoder_output, p.features]
     assert (root / p.preprocess / "1" / "vocab.txt").is_file() == (kind == "text")
     ens = load_model_config(root / p.ensemble / "config.pbtxt")
     assert [s["model_name"] for s in ens["ensemble_scheduling"]["step"]] == list(p.steps)
@@ -244,7 +247,7 @@ def test_the_report_puts_the_ensemble_next_to_the_bare_encoder():
              "cnclip_image_encoder": {"compute_us": 95_000.0}}
     result = {"name": "ge_bf16+ensemble", "status": "ok", "rows": [_row(4, 19.0, 200_000)],
               "bare_rows": [_row(4, 20.0, 190_000)],
-              "ensemble": {"rounds": 3, "inputs": "4 JPEGs", "steps": list(steps) + ["cnclip_normalize"],
+              "ensemble": {"rounds": 3, "inputs": "4 JPEGs", "steps": list(steps),
                            "encoder_model": "cnclip_image_encoder", "of_bare_paired": {"4": 0.97},
                            "stats": {"4": {"bare": {"compute_us": 90_000.0},
                                            "ensemble": {"ensemble": {"success_us": 150_000.0}, "steps": steps}}}}}

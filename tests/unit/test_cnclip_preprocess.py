@@ -499,13 +499,12 @@ def test_a_failing_batch_run_is_retried_per_request(tmp_path):
     assert responses[3].error.code == "INTERNAL" and "preprocessing failed: KeyError: 'oops'" in responses[3].error.message
 
 
-# ------------------------------------------------------------------------------ stand-ins, normalisation, builder
+# ------------------------------------------------------------------------------ stand-ins, builder
 def test_standin_encoders_have_cn_clips_interface():
-    from gebackend.modelzoo.cnclip_standin import build_cnclip_image_standin, build_cnclip_text_standin, build_l2_normalize
+    from gebackend.modelzoo.cnclip_standin import build_cnclip_image_standin, build_cnclip_text_standin
 
     image = ort.InferenceSession(build_cnclip_image_standin().SerializeToString(), providers=["CPUExecutionProvider"])
     text = ort.InferenceSession(build_cnclip_text_standin().SerializeToString(), providers=["CPUExecutionProvider"])
-    norm = ort.InferenceSession(build_l2_normalize().SerializeToString(), providers=["CPUExecutionProvider"])
     assert [(i.name, i.type, i.shape) for i in image.get_inputs()] == [("image", "tensor(float)", ["batch", 3, 224, 224])]
     assert [(o.name, o.shape) for o in image.get_outputs()] == [("unnorm_image_features", ["batch", 512])]
     assert [(i.name, i.type, i.shape) for i in text.get_inputs()] == [("text", "tensor(int64)", ["batch", 52])]
@@ -521,16 +520,20 @@ def test_standin_encoders_have_cn_clips_interface():
     longer_padding = np.zeros((1, 52), np.int64)
     longer_padding[0, :4] = [101, 2769, 4263, 102]
     np.testing.assert_allclose(text.run(None, {"text": longer_padding})[0][0], out[0], rtol=1e-6)
-    normed = norm.run(None, {"unnorm_features": features})[0]
-    np.testing.assert_allclose(normed, features / np.linalg.norm(features, axis=-1, keepdims=True), rtol=1e-6, atol=1e-7)
 
 
-def test_repository_builder_writes_standins_normalisation_and_vocab(tmp_path):
+def _outputs(path) -> list[str]:
+    return [o.name for o in onnx.load(str(path), load_external_data=False).graph.output]
+
+
+def test_repository_builder_writes_standins_with_their_normalised_outputs_and_vocab(tmp_path):
     from gebackend.modelzoo.cnclip_repository import build_cnclip_repository
     from gebackend.modelzoo.cnclip_standin import is_standin
 
     repo = tmp_path / "repo"
     shutil.copytree(EXAMPLE, repo, ignore=shutil.ignore_patterns("[0-9]*"))
+    (repo / "cnclip_normalize" / "1").mkdir(parents=True)  # what an earlier build left once git removed its config
+    (repo / "cnclip_normalize" / "1" / "model.onnx").write_bytes(b"old")
     lines: list[str] = []
     built = build_cnclip_repository(repo, "standin", cache=CACHE, log=lines.append)
     assert set(built) == {"cnclip_image_encoder", "cnclip_text_encoder"}
@@ -538,10 +541,18 @@ def test_repository_builder_writes_standins_normalisation_and_vocab(tmp_path):
     for folder in ("cnclip_image", "cnclip_text", "cnclip_image_preprocess"):
         assert (repo / folder / "1").is_dir()
     assert is_standin(onnx.load(str(repo / "cnclip_image_encoder" / "1" / "model.onnx")))
-    assert (repo / "cnclip_normalize" / "1" / "model.onnx").is_file()
+    for kind in ("image", "text"):
+        path = repo / f"cnclip_{kind}_encoder" / "1" / "model.onnx"
+        assert _outputs(path) == [f"unnorm_{kind}_features", f"{kind}_features"]
+        assert f"cnclip: cnclip_{kind}_encoder: added the output '{kind}_features' ('unnorm_{kind}_features' L2-normalised) to model.onnx" in lines
+    session = ort.InferenceSession(str(repo / "cnclip_image_encoder" / "1" / "model.onnx"), providers=["CPUExecutionProvider"])
+    unnorm, features = session.run(None, {"image": np.random.default_rng(1).standard_normal((2, 3, 224, 224)).astype(np.float32)})
+    np.testing.assert_allclose(features, unnorm / np.linalg.norm(unnorm, axis=-1, keepdims=True), rtol=1e-6, atol=1e-7)
+    assert not (repo / "cnclip_normalize").exists() and any("removed" in line and "cnclip_normalize" in line for line in lines)
     assert (repo / "cnclip_text_preprocess" / "1" / "vocab.txt").read_text(encoding="utf-8").splitlines()[101] == "[CLS]"
+    lines.clear()
     again = build_cnclip_repository(repo, "auto", cache=CACHE, log=lines.append)  # auto keeps what is there
-    assert all(v.startswith("kept ") for v in again.values())
+    assert all(v.startswith("kept ") for v in again.values()) and not any("added the output" in line for line in lines)
 
 
 def test_repository_builder_takes_a_cn_clip_export_with_a_fixed_batch(tmp_path):
@@ -563,6 +574,9 @@ def test_repository_builder_takes_a_cn_clip_export_with_a_fixed_batch(tmp_path):
     assert "variable batch dim" in built["cnclip_text_encoder"]
     installed = onnx.load(str(repo / "cnclip_image_encoder" / "1" / "vit-b-16.img.fp32.onnx"))
     assert installed.graph.input[0].type.tensor_type.shape.dim[0].dim_param == "batch"
+    assert [o.name for o in installed.graph.output] == ["unnorm_image_features", "image_features"]
+    assert _outputs(repo / "cnclip_text_encoder" / "1" / "vit-b-16.txt.fp32.onnx") == ["unnorm_text_features", "text_features"]
+    assert _outputs(tmp_path / "vit-b-16.txt.fp32.onnx") == ["unnorm_text_features"]  # linked at first: the export is unchanged
     assert not (repo / "cnclip_image_encoder" / "1" / "model.onnx").exists()
 
     baked = onnx.helper  # a graph whose Reshape bakes batch 1 in, as a traced export with static shapes does
@@ -616,6 +630,8 @@ def test_repository_builder_installs_the_real_encoders_from_the_bench_export(tmp
     assert built["cnclip_image_encoder"].startswith("the real CN_CLIP encoder `cnclip_image_l4`")
     assert onnx.load(str(repo / "cnclip_image_encoder" / "1" / "model.onnx")).doc_string == "exported by torch"
     assert (tmp_path / "cache" / "cnclip_text_l4" / "model.onnx").is_file()
+    assert _outputs(repo / "cnclip_text_encoder" / "1" / "model.onnx") == ["unnorm_text_features", "text_features"]
+    assert _outputs(tmp_path / "cache" / "cnclip_text_l4" / "model.onnx") == ["unnorm_text_features"]  # the cache's is not
     monkeypatch.setattr(cnclip_repository, "_torch_available", lambda: False)
     assert cnclip_repository.resolve_encoders("auto") == "standin"
     monkeypatch.setattr(cnclip_repository, "_torch_available", lambda: True)

@@ -3,13 +3,15 @@
 A scenario `NAME+ensemble` serves a CN_CLIP encoder model (one whose `BenchModel.ensemble` is "image" or "text")
 as ge scenario NAME, inside the same ensemble examples/cnclip_repository serves:
 
-    cnclip_image: image bytes -> cnclip_image_preprocess -> cnclip_image_encoder -> cnclip_normalize
-    cnclip_text:  UTF-8 text  -> cnclip_text_preprocess  -> cnclip_text_encoder  -> cnclip_normalize
+    cnclip_image: image bytes -> cnclip_image_preprocess -> cnclip_image_encoder
+    cnclip_text:  UTF-8 text  -> cnclip_text_preprocess  -> cnclip_text_encoder
 
-`write_repository` writes those four models: the encoder's config.pbtxt is the scenario's (scenarios.config_text,
-under the encoder's name, so its engine, buckets, batching and instances are the scenario's), and the other three
-are the example repository's configs (`CONFIGS`; a unit test keeps them equal). The same server then answers both
-the ensemble and the bare encoder, so the two are measured against one set of loaded instances.
+`write_repository` writes those three models: the encoder's file gets its normalised features as a second output
+(modelzoo/normalized_output.py, as `make cnclip` does) and its config.pbtxt is the scenario's
+(scenarios.config_text, under the encoder's name, so its engine, buckets, batching and instances are the
+scenario's); the other two are the example repository's configs (`configs`; a unit test keeps them equal). The
+same server then answers both the ensemble and the bare encoder, so the two are measured against one set of
+loaded instances.
 
 `inputs` makes the data perf_analyzer sends: real encoded JPEGs (photo-like 640x480 pictures: smooth gradients,
 shapes and sensor noise, quality 90, a few hundred KiB like a camera's) or real Chinese captions for the ensemble,
@@ -24,7 +26,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
-import onnx
 
 from gebackend.bench import scenarios
 from gebackend.bench.models import BenchModel
@@ -41,12 +42,11 @@ class Pipeline:
     preprocess_output: str
     encoder_input: str
     encoder_output: str
-    features: str  # the ensemble's normalised output
-    normalize: str = "cnclip_normalize"
+    features: str  # the ensemble's normalised output, and the encoder's
 
     @property
-    def steps(self) -> tuple[str, str, str]:
-        return (self.preprocess, self.encoder, self.normalize)
+    def steps(self) -> tuple[str, str]:
+        return (self.preprocess, self.encoder)
 
     @property
     def models(self) -> tuple[str, ...]:
@@ -65,10 +65,6 @@ _PREPROCESS = """backend: "{backend}"
 max_batch_size: 8
 dynamic_batching {{ }}
 instance_group [ {{ count: 1, kind: KIND_CPU }} ]
-"""
-_NORMALIZE = """backend: "ge"
-max_batch_size: 8
-dynamic_batching { }
 """
 _ENSEMBLE = """platform: "ensemble"
 max_batch_size: 8
@@ -89,14 +85,8 @@ ensemble_scheduling {{
       model_name: "{p.encoder}"
       model_version: -1
       input_map {{ key: "{p.encoder_input}" value: "{p.preprocess_output}" }}
-      output_map {{ key: "{p.encoder_output}" value: "encoder_output" }}
-    }},
-    {{
-      model_name: "{p.normalize}"
-      model_version: -1
-      input_map {{ key: "unnorm_features" value: "encoder_output" }}
-      output_map {{ key: "features" value: "{p.features}" }}
-      output_map {{ key: "unnormalized" value: "{p.encoder_output}" }}
+      output_map {{ key: "{p.encoder_output}" value: "{p.encoder_output}" }}
+      output_map {{ key: "{p.features}" value: "{p.features}" }}
     }}
   ]
 }}
@@ -111,25 +101,27 @@ def pipeline(model: BenchModel) -> Pipeline:
 
 
 def configs(p: Pipeline, embed: int = 512) -> dict[str, str]:
-    """config.pbtxt of the ensemble, its preprocessing and the normalisation, by model name."""
-    return {p.ensemble: _ENSEMBLE.format(p=p, embed=embed), p.preprocess: _PREPROCESS.format(backend=p.preprocess),
-            p.normalize: _NORMALIZE}
+    """config.pbtxt of the ensemble and its preprocessing, by model name."""
+    return {p.ensemble: _ENSEMBLE.format(p=p, embed=embed), p.preprocess: _PREPROCESS.format(backend=p.preprocess)}
 
 
 def write_repository(root: Path, model: BenchModel, scenario: scenarios.Scenario, onnx_path: Path,
                      cache: Path) -> Path:
     """The ensemble repository with `model` as its encoder served as `scenario`; returns `root`."""
-    from gebackend.modelzoo.cnclip_standin import build_l2_normalize
     from gebackend.modelzoo.cnclip_wheel import copy_vocab
+    from gebackend.modelzoo.normalized_output import ensure_normalized_output
 
     p = pipeline(model)
     encoder = replace(model, name=p.encoder)
     scenarios.write_repository(root, encoder, replace(scenario, ensemble=False), onnx_path)
+    served = root / p.encoder / "1" / "model.onnx"  # a link to the cache: replaced by a file of its own, not changed
+    if ensure_normalized_output(served, p.encoder_output, p.features):
+        (root / p.encoder / "config.pbtxt").write_text(
+            scenarios.config_text(encoder, replace(scenario, ensemble=False), read_signature(served)))
     embed = read_signature(onnx_path).outputs[0].shape[-1]
     for name, text in configs(p, int(embed) if isinstance(embed, int) else 512).items():
         (root / name / "1").mkdir(parents=True, exist_ok=True)
         (root / name / "config.pbtxt").write_text(f"# generated by gebackend bench: {scenario.name}\n{text}")
-    onnx.save(build_l2_normalize(), str(root / p.normalize / "1" / "model.onnx"))
     if p.kind == "text":
         copy_vocab(root / p.preprocess / "1" / "vocab.txt", cache)
     return root

@@ -10,7 +10,8 @@ The config.pbtxt files are committed; this writes what they need and git ignores
     or ONNX files exported with cn_clip's own `cn_clip/deploy/pytorch_to_onnx.py` (`--image-onnx`, `--text-onnx`),
     copied with their external data; a fixed batch dim of 1 (that script exports without dynamic axes) is made
     variable if the graph still runs and agrees row by row at batch 3, else the build says how to re-export;
-  cnclip_normalize/1/model.onnx                    L2 normalisation, served by `ge` after both encoders
+    each encoder file gains a second output, its features L2-normalised (`image_features`, `text_features`:
+    modelzoo/normalized_output.py), so the ensembles need no normalisation step of their own;
   cnclip_text_preprocess/1/vocab.txt               cn_clip's vocabulary, taken out of the cn_clip wheel
   cnclip_image/1/, cnclip_text/1/, cnclip_image_preprocess/1/   empty version folders Triton needs
 
@@ -21,6 +22,7 @@ The config.pbtxt files are committed; this writes what they need and git ignores
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
 from pathlib import Path
 from typing import Callable
@@ -28,22 +30,20 @@ from typing import Callable
 import numpy as np
 import onnx
 
-from .cnclip_standin import (
-    build_cnclip_image_standin,
-    build_cnclip_text_standin,
-    build_l2_normalize,
-    is_standin,
-)
+from .cnclip_standin import build_cnclip_image_standin, build_cnclip_text_standin, is_standin
 from gebackend.files import link_or_copy
 
 from .cnclip_wheel import DEFAULT_CACHE, copy_vocab
+from .normalized_output import ensure_normalized_output
 
 ENCODERS = ("auto", "standin", "cnclip", "cnclip_l4")
-# encoder folder -> (bench model of the real encoder, stand-in builder, input name, output name)
+# encoder folder -> (bench model of the real encoder, stand-in builder, input name, output name, normalised output)
 _ENCODER_FOLDERS = {
-    "cnclip_image_encoder": ("cnclip_image", build_cnclip_image_standin, "image", "unnorm_image_features"),
-    "cnclip_text_encoder": ("cnclip_text", build_cnclip_text_standin, "text", "unnorm_text_features"),
+    "cnclip_image_encoder": ("cnclip_image", build_cnclip_image_standin, "image", "unnorm_image_features", "image_features"),
+    "cnclip_text_encoder": ("cnclip_text", build_cnclip_text_standin, "text", "unnorm_text_features", "text_features"),
 }
+# the ensembles' third step before the encoders gave the normalised features themselves; `make cnclip` wrote its model
+_OLD_NORMALIZE = "cnclip_normalize"
 
 
 def _torch_available() -> bool:
@@ -87,7 +87,7 @@ def _install_real(folder: str, kind: str, version: Path, cache: Path, log: Calla
 
 def _install_file(folder: str, source: Path, version: Path, log: Callable[[str], None]) -> str:
     """Copy a cn_clip export (and its external data) into the version folder, making a fixed batch 1 variable."""
-    _, _, input_name, output_name = _ENCODER_FOLDERS[folder]
+    _, _, input_name, output_name, _ = _ENCODER_FOLDERS[folder]
     source = Path(source).resolve()
     model = onnx.load(str(source), load_external_data=False)
     inputs = {i.name: i for i in model.graph.input}
@@ -148,6 +148,18 @@ def _batch_problem(path: Path, input_name: str, output_name: str) -> str:
     return ""
 
 
+def _remove_old_normalize(repo: Path, log: Callable[[str], None]) -> None:
+    """The normalisation model an earlier `make cnclip` wrote, left behind without its config by a git update: a
+    model folder Triton would try to load. Removed when it holds nothing else."""
+    folder = repo / _OLD_NORMALIZE
+    if not folder.is_dir() or (folder / "config.pbtxt").exists():
+        return
+    files = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())
+    if files in ([], ["1/model.onnx"]):
+        shutil.rmtree(folder)
+        log(f"cnclip: removed {folder} (left by an earlier build: the encoders now output the normalised features)")
+
+
 def build_cnclip_repository(repo: Path, encoders: str = "auto", image_onnx: Path | None = None,
                             text_onnx: Path | None = None, cache: Path = DEFAULT_CACHE, force: bool = False,
                             log: Callable[[str], None] = print) -> dict[str, str]:
@@ -161,7 +173,7 @@ def build_cnclip_repository(repo: Path, encoders: str = "auto", image_onnx: Path
     kind = resolve_encoders(encoders)
     given = {"cnclip_image_encoder": image_onnx, "cnclip_text_encoder": text_onnx}
     built = {}
-    for folder, (_, standin, _, _) in _ENCODER_FOLDERS.items():
+    for folder, (_, standin, _, output_name, normalized) in _ENCODER_FOLDERS.items():
         version = repo / folder / "1"
         if not version.parent.is_dir():
             continue
@@ -181,8 +193,9 @@ def build_cnclip_repository(repo: Path, encoders: str = "auto", image_onnx: Path
             else:
                 built[folder] = _install_real(folder, kind, version, cache, log)
         log(f"cnclip: {folder}: {built[folder]}")
-    if (repo / "cnclip_normalize").is_dir():
-        onnx.save(build_l2_normalize(), str(repo / "cnclip_normalize" / "1" / "model.onnx"))
+        if ensure_normalized_output(_existing(version), output_name, normalized):
+            log(f"cnclip: {folder}: added the output '{normalized}' ('{output_name}' L2-normalised) to {_existing(version).name}")
+    _remove_old_normalize(repo, log)
     if (repo / "cnclip_text_preprocess").is_dir():
         log(f"cnclip: cnclip_text_preprocess: vocabulary {copy_vocab(repo / 'cnclip_text_preprocess' / '1' / 'vocab.txt', cache)}")
     return built
@@ -190,7 +203,7 @@ def build_cnclip_repository(repo: Path, encoders: str = "auto", image_onnx: Path
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m gebackend.modelzoo.cnclip_repository",
-                                     description="Write the CN_CLIP repository's encoders, normalisation model and vocabulary.")
+                                     description="Write the CN_CLIP repository's encoders (with their normalised outputs) and vocabulary.")
     parser.add_argument("repo", type=Path)
     parser.add_argument("--encoders", default="auto", choices=ENCODERS,
                         help="auto (default): the real CN_CLIP encoders when torch imports, else small stand-ins")

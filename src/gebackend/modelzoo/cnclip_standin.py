@@ -1,4 +1,4 @@
-"""Small stand-ins for CN_CLIP's two encoders, with exactly their interface, and the L2 normalisation step.
+"""Small stand-ins for CN_CLIP's two encoders, with exactly their interface.
 
 Built with onnx.helper and fixed seeded random weights (no torch), for CI and for trying the CN_CLIP repository
 without the real encoders; they compute nothing meaningful. Their interface is the one cn_clip's own exports have
@@ -7,9 +7,8 @@ without the real encoders; they compute nothing meaningful. Their interface is t
                  (16x16 patch-embedding Conv, tanh, mean over patches, MatMul)
   text encoder:  `text` int64 [batch, 52] -> `unnorm_text_features` float32 [batch, 512]
                  (token embedding Gather, mean over the non-[PAD] (id != 0) positions, tanh, MatMul)
-`build_l2_normalize`: `unnorm_features` float32 [batch, embed] -> `features` = x / ||x||_2 over the last axis, and
-`unnormalized` = x as it came (so an ensemble's two outputs both come from its last step),
-as cn_clip's `CLIP.forward` normalises (`features / features.norm(dim=-1, keepdim=True)`, no epsilon).
+The example repository's builder then adds each one's normalised features as a second output
+(`normalized_output.py`), as it does to the real encoders.
 """
 
 from __future__ import annotations
@@ -54,16 +53,6 @@ def build_cnclip_text_standin(seed: int = 0) -> onnx.ModelProto:
     return g.build([tensor_info("text", INT64, ["batch", CONTEXT_LENGTH])],
                    [tensor_info("unnorm_text_features", FLOAT, ["batch", EMBED_DIM])],
                    doc=f"{STANDIN_MARK}'s text encoder: random weights, CN_CLIP's interface only.")
-
-
-def build_l2_normalize() -> onnx.ModelProto:
-    g = GraphBuilder("cnclip_l2_normalize")
-    norm = g.op("ReduceL2", "unnorm_features", name="norm", axes=[-1], keepdims=1)
-    g.op("Div", "unnorm_features", norm, name="features")
-    g.op("Identity", "unnorm_features", name="unnormalized")
-    return g.build([tensor_info("unnorm_features", FLOAT, ["batch", "embed"])],
-                   [tensor_info("features", FLOAT, ["batch", "embed"]), tensor_info("unnormalized", FLOAT, ["batch", "embed"])],
-                   doc="L2 normalisation of CN_CLIP features over the last axis (x / ||x||), as cn_clip's CLIP.forward.")
 
 
 def is_standin(model: onnx.ModelProto) -> bool:
