@@ -19,8 +19,9 @@ The peer (gebackend.bench.peer; only where Triton's C++ onnxruntime backend is i
 Every scenario's throughput is reported over the peer's at the same concurrency (report.peer_ratios).
 
 Any ge scenario followed by `+ensemble` (e.g. `ge_bf16+ensemble`) serves a CN_CLIP encoder model as that
-scenario inside its CN_CLIP ensemble (bytes or text -> preprocessing -> encoder -> L2 norm) and measures the
-ensemble next to the bare encoder in the same server (gebackend.bench.ensemble and ensemble_runner).
+scenario inside its CN_CLIP ensemble (bytes or text -> preprocessing -> encoder, which also gives the
+L2-normalised features) and measures the ensemble next to the bare encoder in the same server
+(gebackend.bench.ensemble and ensemble_runner).
 
 A scenario that needs a feature this installation lacks is reported as "not available" instead of failing.
 """

@@ -94,7 +94,7 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
         for warning in found.warnings if found else ():
             print(f"peer     {warning}")
         print(f"scenario NAME{scenarios.ENSEMBLE_SUFFIX:10s} any ge scenario as the encoder of a cnclip_* model's CN_CLIP "
-              "ensemble (preprocessing -> encoder -> L2 norm), measured next to the bare encoder")
+              "ensemble (preprocessing -> encoder with its L2-normalised output), measured next to the bare encoder")
         return 0
     if args.soak is not None:
         return _soak(args)
