@@ -1,8 +1,8 @@
 """Pinned instances and precision modes, end to end: each instance's stub process affinity, read from /proc.
 
 A server of its own: a model with two CPU instances (pinned by default), the same with pinning off, one
-with more instances than this machine has cores (they share, and the log says so), an int8 static model
-and a bf16 model ONNX Runtime refuses.
+with more instances than this machine has cores (they share, and the log says so), one whose first group says
+`count: 0` (Triton makes 1 of it), an int8 static model and a bf16 model ONNX Runtime refuses.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from gebackend.modelzoo import build_bert
+from gebackend.modelzoo import build_add_mul, build_bert
 from gebackend.runtime.pinning import format_cpu_list, parse_cpu_list, plan_cpus, usable_cpus
 
 from .conftest import BERT_BUCKETS, add_model, params
@@ -32,6 +32,8 @@ MODELS = {
     "unpinned": 'backend: "ge"\nmax_batch_size: 4\ninstance_group [ { count: 2, kind: KIND_CPU } ]\n'
                 + params(pin_instances="off"),
     "crowded": f'backend: "ge"\nmax_batch_size: 4\ninstance_group [ {{ count: {SHARED_COUNT}, kind: KIND_CPU }} ]\n',
+    "zero_count": 'backend: "ge"\nmax_batch_size: 4\n'
+                  'instance_group [ { count: 0, kind: KIND_CPU }, { count: 1, kind: KIND_CPU } ]\n',
     "int8_static": 'backend: "ge"\nmax_batch_size: 4\n' + params(
         static_model="1", bucket_paddable_dims="sequence", precision_mode="int8", **BERT_BUCKETS),
     "bf16": 'backend: "ge"\nmax_batch_size: 4\n' + params(**{"session.ge.exec.precision_mode_v2": "bf16"}),
@@ -43,7 +45,7 @@ def pinning_server(tmp_path_factory):
     repo = tmp_path_factory.mktemp("pinning") / "models"
     model = build_bert()
     for name, config in MODELS.items():
-        add_model(repo, name, config, model)
+        add_model(repo, name, config, build_add_mul() if name == "zero_count" else model)
     running = start_server(repo, repo.parent / "serve.log")
     yield running, repo
     running.stop()
@@ -157,6 +159,23 @@ def test_more_instances_than_cores_share_round_robin_and_say_so(pinning_server):
     assert re.search(rf"model 'crowded': .*{SHARED_COUNT} instances on {len(USABLE)} usable core\(s\): "
                      r"instances share cores round-robin; this instance shares its core\(s\) with \w+/\w+", out)
     assert re.search(r"model 'crowded': instance 'crowded_0_0': .*allow_spinning=off", out), out[-4000:]
+
+
+def test_a_group_of_count_zero_is_one_instance_to_triton_the_sizing_and_the_pinning(pinning_server):
+    """Triton normalises `count: 0` to 1; the /dev/shm sizing (read from config.pbtxt) and the pinning plan (from
+    the config Triton hands the stub) count the same instances through config/instance_groups.py."""
+    server, _ = pinning_server
+    affinity = stub_affinities(server, "zero_count")
+    assert sorted(affinity) == ["zero_count_0_0", "zero_count_1_0"], affinity
+    out = server.output()
+    assert re.search(r"\(\d+ instance\(s\): .*zero_count 2x", out), out[:2000]
+    for index, name in enumerate(("zero_count_0_0", "zero_count_1_0")):
+        assert re.search(rf"model 'zero_count': instance '{name}': instance {index + 1}/2 pinned", out), out[-4000:]
+    x, y = np.arange(8, dtype=np.float32).reshape(2, 4), np.full((2, 4), 3.0, np.float32)
+    for _ in range(3):  # more than one instance answers
+        got = infer(server, "grpc", "zero_count", {"x": x, "y": y})
+        np.testing.assert_array_equal(got.as_numpy("sum"), x + y)
+        np.testing.assert_array_equal(got.as_numpy("product"), x * y)
 
 
 @pytest.mark.parametrize("model", ["pinned", "crowded"])

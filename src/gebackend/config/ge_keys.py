@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from gebackend.config.instance_groups import instance_total
+
 FAMILY_PREFIXES = ("ge.", "session.ge.", "graph.ge.")
 
 
@@ -80,10 +82,8 @@ def describe_no_effect(keys: tuple[str, ...]) -> str:
 
 
 def instance_count(model_config: Mapping[str, Any]) -> int:
-    """How many instances Triton runs (the sum of instance_group counts; Triton's default is 1)."""
-    groups = model_config.get("instance_group") or []
-    counts = [int(g.get("count", 1) or 1) for g in groups if isinstance(g, Mapping)]
-    return sum(counts) or 1
+    """How many instances Triton runs (`instance_groups.instance_total`)."""
+    return instance_total(model_config.get("instance_group"))
 
 
 def exec_blocks(instances: int, devices: int, instance_exec_blocks: int = 1, device_exec_blocks: int = -1) -> int:

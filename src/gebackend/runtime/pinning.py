@@ -29,6 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, NamedTuple, Sequence
 
+from gebackend.config.instance_groups import devices, group_sizes, per_device
+
 
 class InstancePosition(NamedTuple):
     index: int  # 0-based among all the model's instances
@@ -62,13 +64,6 @@ class PinPlan:
         return f"{text}; {self.note}" if self.note else text
 
 
-def _devices(group: Mapping[str, Any]) -> int:
-    """GPU-kind groups run `count` instances on each listed GPU."""
-    kind = str(group.get("kind", "KIND_CPU")).upper()
-    gpus = group.get("gpus") or []
-    return max(1, len(gpus)) if kind.endswith("GPU") else 1
-
-
 def _group_name(model_name: str, group: Mapping[str, Any], number: int) -> str:
     return str(group.get("name") or f"{model_name}_{number}")
 
@@ -82,24 +77,24 @@ def instance_position(
     turn. An instance name that matches no group is assumed to be the only one (index 0 of 1).
     """
     groups = list(instance_groups) or [{"count": 1, "kind": "KIND_CPU"}]
-    counts = [max(0, int(g.get("count", 1) or 0)) * _devices(g) for g in groups]
-    total = max(1, sum(counts))
+    sizes = group_sizes(groups)
+    total = sum(sizes)
     start = 0
-    for number, (group, size) in enumerate(zip(groups, counts)):
+    for number, (group, size) in enumerate(zip(groups, sizes)):
         name = _group_name(model_name, group, number)
         match = re.fullmatch(re.escape(name) + r"_(\d+)", instance_name)
-        if match and int(match.group(1)) < int(group.get("count", 1) or 0):
+        if match and int(match.group(1)) < per_device(group):
             n = int(match.group(1))
             gpus = [int(g) for g in (group.get("gpus") or [])]
-            device = gpus.index(device_id) if _devices(group) > 1 and device_id in gpus else 0
-            return InstancePosition(start + device * int(group.get("count", 1)) + n, total)
+            device = gpus.index(device_id) if devices(group) > 1 and device_id in gpus else 0
+            return InstancePosition(start + device * per_device(group) + n, total)
         start += size
     # Names Triton made itself end in _<group>_<n>, even when the config we were handed lacks group names.
     match = re.fullmatch(re.escape(model_name) + r"_(\d+)_(\d+)", instance_name)
     if match:
         number, n = int(match.group(1)), int(match.group(2))
-        if number < len(groups) and n < int(groups[number].get("count", 1) or 0):
-            return InstancePosition(sum(counts[:number]) + n, total)
+        if number < len(groups) and n < per_device(groups[number]):
+            return InstancePosition(sum(sizes[:number]) + n, total)
     return InstancePosition(0, 1)
 
 

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Mapping
 
+from gebackend.config.instance_groups import instance_total
 from gebackend.server.layout import ADAPTERS
 
 MiB = 1024 * 1024
@@ -198,7 +199,7 @@ def _model_shm(folder: Path, global_options: dict[str, str]) -> ModelShm | None:
     if config.get("backend", "") not in python_based_backends():
         return None
     name = config.get("name") or folder.name
-    instances = _instances(config)
+    instances = instance_total(config.get("instance_group"))
     try:
         max_batch, tensors = _tensors(folder, config, global_options)
     except Exception as exc:  # noqa: BLE001 - sizing must never be why a model that Triton can load is refused
@@ -210,20 +211,6 @@ def _model_shm(folder: Path, global_options: dict[str, str]) -> ModelShm | None:
             unbounded.append(tensor_name)
         io_bytes += itemsize * math.prod(max(1, d) for d in dims) * max(1, max_batch)
     return ModelShm(name, instances, io_bytes, tuple(unbounded))
-
-
-def _instances(config: Mapping) -> int:
-    """Instances Triton makes: the sum of every instance_group's count (1 when unset), each group's count per GPU
-    listed for KIND_GPU; one instance without instance_group (what Triton 2.51 does for these backends)."""
-    groups = config.get("instance_group") or []
-    if not groups:
-        return 1
-    total = 0
-    for group in groups:
-        count = int(group.get("count") or 1)
-        gpus = group.get("gpus") or []
-        total += count * (len(gpus) if group.get("kind") == "KIND_GPU" and gpus else 1)
-    return total
 
 
 def _tensors(folder: Path, config: Mapping, global_options: Mapping[str, str]) -> tuple[int, list[tuple[str, int, tuple[int, ...]]]]:
