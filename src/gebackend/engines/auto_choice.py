@@ -54,15 +54,28 @@ def auto_precision(engine: str, cpu_flags: Iterable[str], openvino_capabilities:
             return "bf16", f"OpenVINO's CPU plugin reports BF16 ({', '.join(capabilities)})"
     if "avx2" in flags:
         vnni = sorted(flags & VNNI_FLAGS)
-        if engine == "openvino" and not vnni and path is not None:
-            convs, matmuls = weighted_op_counts(path)
-            if matmuls >= convs:
-                return "origin", (f"OpenVINO's int8 (NNCF) on a MatMul model ({matmuls} MatMul/Gemm vs {convs} Conv) "
-                                  "without VNNI measured about half its f32 speed on AVX2: exact fp32 (engine=auto "
-                                  "would run ONNX Runtime's dynamic int8)")
+        slow = openvino_int8_slow(flags, path) if engine == "openvino" else ""
+        if slow:
+            return "origin", f"{slow}: exact fp32 (engine=auto would run ONNX Runtime's dynamic int8)"
         where = "no native bf16 here" if may_openvino else f"{engine} runs no bf16 on the CPU here"
         return "int8", f"{where}; int8 with " + ("/".join(vnni) if vnni else "AVX2 kernels (no VNNI)")
     return "origin", "this CPU has no AVX2 and no native bf16: exact fp32"
+
+
+def openvino_int8_slow(cpu_flags: Iterable[str], path: Path | None) -> str:
+    """Why OpenVINO's int8 (NNCF) is expected to run slower than its f32 for the model at `path` on this CPU, or "".
+
+    On an AVX2 CPU without VNNI, NNCF's int8 of MatMul models ran at about half OpenVINO's f32 (the 4-layer CN_CLIP
+    encoders on an AMD EPYC: 0.45x and 0.52x); convolution models still gained. `precision_mode=auto` on
+    engine=openvino keeps such a model exact, and `gebackend tune` measures that rung last."""
+    flags = frozenset(cpu_flags)
+    if path is None or "avx2" not in flags or flags & VNNI_FLAGS:
+        return ""
+    convs, matmuls = weighted_op_counts(path)
+    if matmuls < convs:
+        return ""
+    return (f"OpenVINO's int8 (NNCF) on a MatMul model ({matmuls} MatMul/Gemm vs {convs} Conv) without VNNI measured "
+            "about half its f32 speed on AVX2")
 
 
 def weighted_op_counts(path: Path) -> tuple[int, int]:
