@@ -55,6 +55,31 @@ def test_openvino_without_vnni_keeps_matmul_models_exact(tmp_path):
     assert (chosen.engine, chosen.precision_mode) == ("openvino", "origin") and "without VNNI" in chosen.why
 
 
+def test_the_slow_int8_rule_is_one_rule_for_auto_and_tune(tmp_path):
+    """`openvino_int8_slow` says why NNCF's int8 is expected to lose (a MatMul model, AVX2 without VNNI), or ""; tune
+    reads the same rule for its order (tune.tuner.slow_rungs)."""
+    from gebackend.tune import space as tune_space
+    from gebackend.tune.tuner import slow_rungs
+
+    resnet, bert = tmp_path / "resnet.onnx", tmp_path / "bert.onnx"
+    onnx.save(build_resnet(), str(resnet))
+    onnx.save(build_bert(), str(bert))
+    why = auto_choice.openvino_int8_slow(AVX2, bert)
+    assert why.startswith("OpenVINO's int8 (NNCF) on a MatMul model (") and "without VNNI" in why
+    others = [(AVX2, resnet), (VNNI, bert), ({"neon"}, bert), (AVX2, None)]  # convs, VNNI, no x86, no file
+    assert [auto_choice.openvino_int8_slow(flags, path) for flags, path in others] == [""] * 4
+    folder = tmp_path / "bert"
+    (folder / "1").mkdir(parents=True)
+    (folder / "config.pbtxt").write_text('name: "bert"\nbackend: "ge"\nmax_batch_size: 4\n')
+    onnx.save(build_bert(), str(folder / "1" / "model.onnx"))
+    slow = slow_rungs(tune_space.TunedModel.load(folder), AVX2)
+    by_name = {rung.name: rung for rung in tune_space.PRECISIONS}
+    assert slow("openvino", by_name["int8-static"]) == why
+    assert slow("onnxruntime", by_name["int8-static"]) == slow("onnxruntime", by_name["int8"]) == ""
+    assert slow("openvino", by_name["origin"]) == "" and slow_rungs(tune_space.TunedModel.load(folder), VNNI)(
+        "openvino", by_name["int8-static"]) == ""
+
+
 def test_int8_engine_follows_what_the_model_is_made_of(tmp_path):
     resnet, bert = tmp_path / "resnet.onnx", tmp_path / "bert.onnx"
     onnx.save(build_resnet(), str(resnet))

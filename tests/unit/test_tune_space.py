@@ -121,3 +121,22 @@ def test_labels_say_engine_graph_precision_layout_and_delay():
     labels = {c.key: c.label for c in cands}
     assert labels["ort-static-int8-2x1-d100"] == "onnxruntime static int8 2x1 core delay 100us"
     assert labels["ov-dynamic-bf16-1x2-d0"] == "openvino dynamic bf16 1x2 cores delay 0us"
+
+
+def test_a_rung_expected_to_lose_here_is_measured_last_not_left_out():
+    """NNCF's int8 of a MatMul model without VNNI measured about half OpenVINO's f32 on an AVX2 EPYC: tune keeps the
+    rung but orders it after every other (engine, rung) pair, the rungs' second engines included."""
+    def slow(engine, rung):
+        return "half speed here" if engine == "openvino" and rung.precision_mode == "int8" else ""
+
+    plain = [(engine, rung.name) for engine, rung in space.numerics(BOTH, AVX2_CAPS)]
+    late = [(engine, rung.name) for engine, rung in space.numerics(BOTH, AVX2_CAPS, slow=slow)]
+    # before: NNCF first, its preferred engine
+    assert plain.index(("openvino", "int8-static")) < plain.index(("onnxruntime", "int8-static"))
+    assert sorted(late) == sorted(plain) and late[-1] == ("openvino", "int8-static")
+    assert late[:-1] == [pair for pair in plain if pair != ("openvino", "int8-static")]
+    cands = space.space(2, BOTH, AVX2_CAPS, 8, 4, slow=slow)
+    assert rungs(cands) == rungs(space.space(2, BOTH, AVX2_CAPS, 8, 4))  # nothing left out
+    first = next(i for i, c in enumerate(cands) if c.numerics == ("openvino", "int8-static"))
+    ort_static = [i for i, c in enumerate(cands) if c.numerics == ("onnxruntime", "int8-static")]
+    assert min(ort_static) < first  # ONNX Runtime's static int8 now comes before NNCF's

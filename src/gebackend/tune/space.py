@@ -11,6 +11,8 @@ The order is by prior: a candidate's score is the sum, over its dimensions, of t
 dimension's preference order (static before dynamic, one instance with all cores before pinned ones, no queue
 delay before 100 us before 500 us, the default engine's exact precision first), so candidates one change away
 from the usual best guess are measured first, and those several changes away last (or never, at the budget).
+A precision on an engine that measured slower than its f32 on this kind of CPU (`slow`, from
+engines/auto_choice.py: NNCF's int8 of a MatMul model without VNNI) comes after every other one.
 """
 
 from __future__ import annotations
@@ -168,11 +170,15 @@ def instance_layouts(cores: int, concurrency: int) -> list[tuple[int, int]]:
     return layouts
 
 
+Slow = Callable[[str, PrecisionRung], str]  # (engine, rung) -> why it is expected to lose here ("" = not)
+
+
 def numerics(engines: Sequence[str], capabilities: Sequence[str],
              available: Callable[[str], bool] = lambda feature: True,
-             table: Sequence[PrecisionRung] = PRECISIONS) -> list[tuple[str, PrecisionRung]]:
+             table: Sequence[PrecisionRung] = PRECISIONS,
+             slow: Slow = lambda engine, rung: "") -> list[tuple[str, PrecisionRung]]:
     """(engine, rung) pairs runnable here, in prior order: each rung's preferred engine by the rung's prior, then the
-    rungs on their other engines."""
+    rungs on their other engines, then the pairs `slow` gives a reason for (measured last, not left out)."""
     pairs = []
     for rung in table:
         if rung.feature and not available(rung.feature):
@@ -182,7 +188,8 @@ def numerics(engines: Sequence[str], capabilities: Sequence[str],
                 continue
             if engine == "openvino" and rung.capability and rung.capability not in capabilities:
                 continue
-            pairs.append(((rung.prior + (0 if position == 0 else len(table)), list(engines).index(engine)), engine, rung))
+            late = 2 * len(table) if slow(engine, rung) else (0 if position == 0 else len(table))
+            pairs.append(((rung.prior + late, list(engines).index(engine)), engine, rung))
     return [(engine, rung) for _, engine, rung in sorted(pairs, key=lambda p: p[0])]
 
 
@@ -209,10 +216,10 @@ def make_candidate(engine: str, rung: PrecisionRung, static: bool, layout: tuple
 
 def space(cores: int, engines: Sequence[str], capabilities: Sequence[str], max_batch_size: int, concurrency: int,
           static_ok: bool = True, quick: bool = False, available: Callable[[str], bool] = lambda feature: True,
-          table: Sequence[PrecisionRung] = PRECISIONS) -> list[Candidate]:
+          table: Sequence[PrecisionRung] = PRECISIONS, slow: Slow = lambda engine, rung: "") -> list[Candidate]:
     """Every candidate for this machine and model, in prior order (see the module docstring); `quick`: the usual
     best guess and one change of each dimension from it (4-6 candidates)."""
-    pairs = numerics(engines, capabilities, available, table)
+    pairs = numerics(engines, capabilities, available, table, slow)
     graphs = [True, False] if static_ok else [False]
     layouts = instance_layouts(cores, concurrency)
     delays: list[int | None] = list(DELAYS_US) if max_batch_size > 0 else [None]

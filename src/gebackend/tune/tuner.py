@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterable
 
 from gebackend.tune import config_writer, report, search as search_mod, space
 
@@ -38,8 +38,10 @@ def _stderr(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-def machine_space(settings: TuneSettings, model: space.TunedModel) -> list[space.Candidate]:
-    """The candidates for this machine: its cores, installed engines, OpenVINO's capabilities, the bench's features."""
+def machine_space(settings: TuneSettings, model: space.TunedModel,
+                  slow: space.Slow | None = None) -> list[space.Candidate]:
+    """The candidates for this machine: its cores, installed engines, OpenVINO's capabilities, the bench's features,
+    and the rungs expected to lose on this CPU (`slow_rungs`), measured last."""
     from gebackend.bench import scenarios
     from gebackend.engines import registry
 
@@ -58,7 +60,21 @@ def machine_space(settings: TuneSettings, model: space.TunedModel) -> list[space
             capabilities = ()
     return space.space(cores, engines, capabilities, model.max_batch_size, settings.concurrency,
                        static_ok=not model.static_problem, quick=settings.quick,
-                       available=lambda feature: scenarios.feature_missing(feature) is None)
+                       available=lambda feature: scenarios.feature_missing(feature) is None,
+                       slow=slow_rungs(model) if slow is None else slow)
+
+
+def slow_rungs(model: space.TunedModel, cpu_flags: Iterable[str] | None = None) -> space.Slow:
+    """Which (engine, rung) pairs are expected to lose on this CPU for `model`, and why (auto_choice's rule)."""
+    from gebackend.engines import auto_choice, cpu
+
+    flags = frozenset(cpu.flags() if cpu_flags is None else cpu_flags)
+    int8_on_openvino = auto_choice.openvino_int8_slow(flags, model.onnx_path)
+
+    def slow(engine: str, rung: space.PrecisionRung) -> str:
+        return int8_on_openvino if engine == "openvino" and rung.precision_mode == "int8" else ""
+
+    return slow
 
 
 def references(model: space.TunedModel, peer_found, cores: int) -> list[space.Candidate]:
@@ -92,13 +108,17 @@ def run(settings: TuneSettings, progress: Callable[[str], None] = _stderr) -> tu
     out = Path(settings.out or f"tune-{model.name}-{started.strftime('%Y%m%d-%H%M%S')}")
     out.mkdir(parents=True, exist_ok=True)
     found = peer_mod.find(settings.peer_backend_dir) if settings.peer_backend_dir is not None else None
-    candidates = machine_space(settings, model)
+    slow = slow_rungs(model)
+    candidates = machine_space(settings, model, slow)
     cores = candidates[0].cores if candidates else 1
     log_file = open(out / "tune.log", "a", buffering=1)
     log = lambda line: log_file.write(line + "\n")  # noqa: E731 - the bench's own lines: commands, server output
     progress(f"tune: {model.name}: {len(candidates)} candidates on {machine()}; writing to {out}")
     if model.static_problem:
         progress(f"tune: no static candidates: {model.static_problem}")
+    for engine, rung in sorted({(c.scenario.engine, c.rung) for c in candidates if slow(c.scenario.engine, c.rung)},
+                               key=lambda pair: (pair[0], pair[1].name)):
+        progress(f"tune: {rung.name} on {engine} measured last: {slow(engine, rung)}")
     settings_s = search_mod.SearchSettings(
         concurrency=settings.concurrency, min_cosine=settings.min_cosine, latency_budget_ms=settings.latency_budget_ms,
         time_budget_s=settings.time_budget_min * 60, finalists=2 if settings.quick else 3,
