@@ -112,12 +112,11 @@ def write_repository(root: Path, model: BenchModel, scenario: scenarios.Scenario
     from gebackend.modelzoo.normalized_output import ensure_normalized_output
 
     p = pipeline(model)
-    encoder = replace(model, name=p.encoder)
-    scenarios.write_repository(root, encoder, replace(scenario, ensemble=False), onnx_path)
+    encoder, bare = replace(model, name=p.encoder), replace(scenario, ensemble=False)
+    scenarios.write_repository(root, encoder, bare, onnx_path)
     served = root / p.encoder / "1" / "model.onnx"  # a link to the cache: replaced by a file of its own, not changed
-    if ensure_normalized_output(served, p.encoder_output, p.features):
-        (root / p.encoder / "config.pbtxt").write_text(
-            scenarios.config_text(encoder, replace(scenario, ensemble=False), read_signature(served)))
+    if ensure_normalized_output(served, p.encoder_output, p.features):  # the config then declares the new output
+        (root / p.encoder / "config.pbtxt").write_text(scenarios.config_text(encoder, bare, read_signature(served)))
     embed = read_signature(onnx_path).outputs[0].shape[-1]
     for name, text in configs(p, int(embed) if isinstance(embed, int) else 512).items():
         (root / name / "1").mkdir(parents=True, exist_ok=True)

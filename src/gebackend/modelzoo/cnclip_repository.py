@@ -193,8 +193,9 @@ def build_cnclip_repository(repo: Path, encoders: str = "auto", image_onnx: Path
             else:
                 built[folder] = _install_real(folder, kind, version, cache, log)
         log(f"cnclip: {folder}: {built[folder]}")
-        if ensure_normalized_output(_existing(version), output_name, normalized):
-            log(f"cnclip: {folder}: added the output '{normalized}' ('{output_name}' L2-normalised) to {_existing(version).name}")
+        installed = _existing(version)
+        if ensure_normalized_output(installed, output_name, normalized):
+            log(f"cnclip: {folder}: added the output '{normalized}' ('{output_name}' L2-normalised) to {installed.name}")
     _remove_old_normalize(repo, log)
     if (repo / "cnclip_text_preprocess").is_dir():
         log(f"cnclip: cnclip_text_preprocess: vocabulary {copy_vocab(repo / 'cnclip_text_preprocess' / '1' / 'vocab.txt', cache)}")

@@ -38,8 +38,7 @@ def _stderr(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-def machine_space(settings: TuneSettings, model: space.TunedModel,
-                  slow: space.Slow | None = None) -> list[space.Candidate]:
+def machine_space(settings: TuneSettings, model: space.TunedModel, slow: space.Slow) -> list[space.Candidate]:
     """The candidates for this machine: its cores, installed engines, OpenVINO's capabilities, the bench's features,
     and the rungs expected to lose on this CPU (`slow_rungs`), measured last."""
     from gebackend.bench import scenarios
@@ -61,7 +60,7 @@ def machine_space(settings: TuneSettings, model: space.TunedModel,
     return space.space(cores, engines, capabilities, model.max_batch_size, settings.concurrency,
                        static_ok=not model.static_problem, quick=settings.quick,
                        available=lambda feature: scenarios.feature_missing(feature) is None,
-                       slow=slow_rungs(model) if slow is None else slow)
+                       slow=slow)
 
 
 def slow_rungs(model: space.TunedModel, cpu_flags: Iterable[str] | None = None) -> space.Slow:
