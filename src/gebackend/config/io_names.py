@@ -15,14 +15,11 @@ onnxruntime backend's rule: names must match, and a wrong one fails the load nam
 
 from __future__ import annotations
 
-import atexit
 import dataclasses
-import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
+from gebackend.config.model_copy import write_model_copy
 from gebackend.config.onnx_signature import OnnxTensor, Signature
 from gebackend.errors import ModelLoadError
 
@@ -128,33 +125,6 @@ def aliased_model(model_config: Mapping[str, Any], path: Path, log: Callable[[st
     for line in renames.describe():
         log(line)
     try:
-        return _write_copy(model, Path(path), temp_parent)
+        return write_model_copy(model, Path(path), temp_parent, prefix="npu-ge-names-")
     except OSError as exc:
         raise ModelLoadError(f"cannot write the renamed copy of {path}: {exc}") from None
-
-
-def _write_copy(model, path: Path, temp_parent: Path | None) -> Path:
-    import onnx
-
-    from gebackend.config.onnx_signature import all_tensors
-
-    model_dir = path.resolve().parent
-    root = Path(tempfile.mkdtemp(prefix="npu-ge-names-", dir=temp_parent))
-    atexit.register(shutil.rmtree, str(root), True)
-    # Keep <model>/<version>/<file>: external data may sit in the model folder ("../weights.bin").
-    copy_dir = root / model_dir.parent.name / model_dir.name
-    copy_dir.mkdir(parents=True)
-    for tensor in all_tensors(model):
-        if tensor.data_location == onnx.TensorProto.EXTERNAL:
-            location = next((e.value for e in tensor.external_data if e.key == "location"), "")
-            link = Path(os.path.normpath(copy_dir / location))
-            if not link.exists():  # ONNX Runtime refuses a symlink that leads out of the model's folder
-                link.parent.mkdir(parents=True, exist_ok=True)
-                source = os.path.normpath(model_dir / location)
-                try:
-                    os.link(source, link)
-                except OSError:  # another file system
-                    shutil.copyfile(source, link)
-    copy = copy_dir / path.name
-    onnx.save(model, str(copy))
-    return copy
