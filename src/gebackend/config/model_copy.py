@@ -1,5 +1,5 @@
 """A modified copy of a model's ONNX file for the engines to load, written outside the user's repository: the npu_ge
-boundary renames (config/io_names.py) write one."""
+boundary renames (config/io_names.py) and trim_padding's freed sequence dim (runtime/padding_trim.py) write one."""
 
 from __future__ import annotations
 

@@ -38,7 +38,8 @@ class OrtSessionOptions:
 
 @dataclass(frozen=True)
 class StaticGraphOptions:
-    """Static graph mode (config/static_shapes.py, runtime/loader.py, compile/, the static engines)."""
+    """Static graph mode and the shapes batches run at (config/static_shapes.py, runtime/loader.py, compile/, the static
+    engines, runtime/padding_trim.py)."""
 
     static_model: bool = False
     input_shape: str = ""  # ge-backend's graph.ge.inputShape, e.g. "image:-1,3,-1,-1"
@@ -49,6 +50,8 @@ class StaticGraphOptions:
     # how a batch is covered by buckets: "measured" (each bucket's run timed at load; pad or split, whichever costs
     # less: runtime/bucket_costs.py) or "smallest" (always the smallest bucket that holds it, padded)
     bucket_plan: str = "measured"
+    # (input, pad id): each batch cut to its longest row along that input's last axis (runtime/padding_trim.py); None: off
+    trim_padding: tuple[str, int] | None = None
     fold_size_limit: int = 1 << 20  # bytes: a folded constant larger than this stays unfolded
     enable_cuda_graph: bool = True  # capture static graphs as CUDA graphs when the CUDA provider runs them
 

@@ -81,6 +81,19 @@ def _name_list(text: str) -> tuple[str, ...]:
     return tuple(part.strip() for part in text.split(",") if part.strip())
 
 
+def _trim_padding(text: str) -> tuple[str, int] | None:
+    """trim_padding: INPUT or INPUT=PAD (the pad id, 0 when not given); empty: off."""
+    name, _, pad = text.strip().partition("=")
+    if not name.strip():
+        if pad.strip():
+            raise ValueError("expected INPUT or INPUT=PAD_ID, e.g. text or input_ids=0")
+        return None
+    try:
+        return name.strip(), int(pad.strip() or "0")
+    except ValueError:
+        raise ValueError(f"the pad id after '=' must be an integer, got '{pad.strip()}'") from None
+
+
 def _optimizer_list(text: str) -> tuple[str, ...]:
     """disabled_optimizers: names, or "none" to switch off the defaults (nothing disabled)."""
     names = _name_list(text)
@@ -171,6 +184,7 @@ _KEYS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "graph.ge.dynamicNodeType": ("dynamic_node_type", str.strip),
     "bucket_fallback": ("bucket_fallback", _choice({"error": "error", "dynamic": "dynamic"})),
     "bucket_paddable_dims": ("bucket_paddable_dims", _name_list),
+    "trim_padding": ("trim_padding", _trim_padding),
     "bucket_plan": ("bucket_plan", _choice({"measured": "measured", "smallest": "smallest"})),
     "fold_size_limit": ("fold_size_limit", _non_negative_int),
     "enable_cuda_graph": ("enable_cuda_graph", _bool),

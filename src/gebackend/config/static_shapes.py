@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Sequence
 
 from gebackend.config.options import BackendOptions
+from gebackend.config.trim_padding import trimmed_inputs
 from gebackend.errors import ConfigError
 
 if TYPE_CHECKING:  # spec.py builds on this module: no import back at run time
@@ -60,8 +61,10 @@ def _fmt(shape: Sequence[int]) -> str:
     return "[" + ",".join(str(d) for d in shape) + "]"
 
 
-def _check_bucket(model: str, number: int, bucket: Shapes, inputs: Sequence[TensorSpec], max_batch_size: int) -> Shapes:
-    """Complete a bucket with the inputs it leaves out and check it against the model's inputs."""
+def _check_bucket(model: str, number: int, bucket: Shapes, inputs: Sequence[TensorSpec], max_batch_size: int,
+                  shorter: Sequence[str] = ()) -> Shapes:
+    """Complete a bucket with the inputs it leaves out and check it against the model's inputs; the inputs in
+    `shorter` (those trim_padding cuts) may be compiled shorter than their fixed last dim."""
     batching = max_batch_size > 0
     names = {t.name for t in inputs}
     for name in bucket:
@@ -88,8 +91,9 @@ def _check_bucket(model: str, number: int, bucket: Shapes, inputs: Sequence[Tens
                 raise ConfigError(f"{where}, whose batch {shape[0]} exceeds max_batch_size {max_batch_size}")
             if shape[0] != batch:
                 raise ConfigError(f"{where}, whose batch {shape[0]} differs from the other inputs' ({batch})")
+        last = len(shape) - 1
         for axis, (want, label, got) in enumerate(zip(tensor.dims, tensor.labels, shape[offset:]), start=offset):
-            if want != -1 and got != want:
+            if want != -1 and got != want and not (axis == last and tensor.name in shorter and got < want):
                 raise ConfigError(f"{where}, but dim {axis} is fixed to {want}")
             if label is not None:
                 seen = labels.setdefault(label, (got, tensor.name))
@@ -112,7 +116,8 @@ def compiled_shapes(model: str, max_batch_size: int, inputs: Sequence[TensorSpec
     static = options.static
     if static.input_shape or static.dynamic_dims:
         buckets = parse_buckets(model, static.input_shape, static.dynamic_dims)
-        checked = [_check_bucket(model, n, b, inputs, max_batch_size) for n, b in enumerate(buckets, start=1)]
+        shorter = trimmed_inputs(model, static.trim_padding, inputs, max_batch_size > 0) if static.trim_padding else ()
+        checked = [_check_bucket(model, n, b, inputs, max_batch_size, shorter) for n, b in enumerate(buckets, start=1)]
     elif static.static_model:
         for tensor in inputs:
             for axis, (dim, label) in enumerate(zip(tensor.dims, tensor.labels)):

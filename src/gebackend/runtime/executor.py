@@ -7,7 +7,7 @@ whose values the engine rejects cannot take its neighbours down with it.
 
 from __future__ import annotations
 
-from typing import Mapping, Protocol, Sequence, Union
+from typing import Callable, Mapping, Protocol, Sequence, Union
 
 import numpy as np
 
@@ -31,9 +31,11 @@ class Runner(Protocol):
 
 
 class Executor:
-    def __init__(self, spec: ModelSpec, runner: Runner):
+    def __init__(self, spec: ModelSpec, runner: Runner, trim: Callable[[Tensors], Tensors] | None = None):
+        """`trim`: what a batch goes through before the runner (trim_padding's cut, runtime/padding_trim.py)."""
         self.spec = spec
         self.runner = runner
+        self.trim = trim
         self._validator = RequestValidator(spec)
 
     @classmethod
@@ -75,11 +77,14 @@ class Executor:
     def _run_batched(self, group: Sequence[Tensors]) -> list[Result]:
         try:
             if not self.spec.batching:
-                return [self.runner.run(group[0])]
+                return [self._run(group[0])]
             feeds, sizes = batching.concat(group)
-            return batching.split(self.runner.run(feeds), sizes)
+            return batching.split(self._run(feeds), sizes)
         except GeBackendError as exc:
             return [exc] * len(group)
+
+    def _run(self, feeds: Tensors) -> dict[str, np.ndarray]:
+        return self.runner.run(feeds if self.trim is None else self.trim(feeds))
 
     def close(self) -> None:
         self.runner.close()

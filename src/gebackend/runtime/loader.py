@@ -35,7 +35,12 @@ def load_executor(
     # applies it itself; the lowered file lives in the precision cache, shared by instances and restarts
     if mode != "origin" and not engine_kind.lowers(mode) and not getattr(providers, "lowers_precision", False):
         spec, precision = _lower(spec, engine_kind, log)
-    executor, how = _build(spec, providers, log)
+    if spec.options.static.trim_padding is None:
+        executor, how = _build(spec, providers, log)
+        return executor, f"{precision}{how}"
+    from gebackend.runtime.padding_trim import build_trimmed
+
+    executor, how = build_trimmed(spec, lambda loosened: _build(loosened, providers, log), log)
     return executor, f"{precision}{how}"
 
 
@@ -47,7 +52,7 @@ def _lower(spec: ModelSpec, engine_kind, log: Callable[[str], None]) -> tuple[Mo
 
     mode = spec.options.engines.precision_mode
     guard = spec.options.engines.precision_min_cosine
-    shapes = spec.static_shapes[0] if spec.static else None
+    shapes = _file_shapes(spec) if spec.static else None
     lowered = lowered_model(spec.name, spec.path, spec.options.engines, engine_kind, spec.batching, shapes, log)
     ran = precision_run(mode, engine_kind.name, lowered.quantization)
     if ran.note:
@@ -70,6 +75,15 @@ def _lower(spec: ModelSpec, engine_kind, log: Callable[[str], None]) -> tuple[Mo
         log(f"precision {mode}: WARNING cosine similarity {report.cosine:.4f} to fp32 is below 0.99; "
             f"check the outputs or use precision_mode=origin")
     return dataclasses.replace(spec, path=lowered.path), f"precision {label} (cosine {report.cosine:.6f} to fp32), "
+
+
+def _file_shapes(spec: ModelSpec):
+    """A compiled shape the model's own file takes (trim_padding may compile lengths shorter than the file fixes)."""
+    if spec.options.static.trim_padding is None:
+        return spec.static_shapes[0]
+    from gebackend.runtime.padding_trim import TrimPlan, full_shapes
+
+    return full_shapes(spec, TrimPlan.of(spec))
 
 
 def _fp32(spec: ModelSpec, log: Callable[[str], None], why: str) -> tuple[ModelSpec, str]:
