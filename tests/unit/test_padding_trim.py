@@ -199,3 +199,50 @@ def test_buckets_shorter_than_the_config_are_refused_for_inputs_that_are_not_cut
     with pytest.raises(ConfigError, match="dim 1 is fixed to 52"):
         _load(tmp_path, "text", build_cnclip_text_standin(), static_model="1",
               **{"graph.ge.inputShape": "text:-1,-1", "graph.ge.dynamicDims": "1,16;1,52"})
+
+
+def _masked_projection(pad_row_scale: float) -> onnx.ModelProto:
+    """Token embeddings projected by a MatMul, then a masked mean: exact under cutting in fp32, while ONNX Runtime's
+    dynamic int8 scales the MatMul's input by its range over every position, the pad rows' (made large) included."""
+    rng = np.random.default_rng(5)
+    table = rng.standard_normal((500, 16)).astype(np.float32)
+    table[0] *= pad_row_scale
+    nodes = [
+        helper.make_node("Gather", ["table", "text"], ["tokens"]),
+        helper.make_node("MatMul", ["tokens", "weight"], ["projected"]),
+        helper.make_node("Equal", ["text", "pad"], ["is_pad"]),
+        helper.make_node("Not", ["is_pad"], ["real"]),
+        helper.make_node("Cast", ["real"], ["keep2"], to=TensorProto.FLOAT),
+        helper.make_node("Unsqueeze", ["keep2", "last"], ["keep"]),
+        helper.make_node("Mul", ["projected", "keep"], ["masked"]),
+        helper.make_node("ReduceSum", ["masked", "seq"], ["total"], keepdims=0),
+        helper.make_node("ReduceSum", ["keep", "seq"], ["count"], keepdims=0),
+        helper.make_node("Div", ["total", "count"], ["features"]),
+    ]
+    inits = [helper.make_tensor("table", TensorProto.FLOAT, table.shape, table.ravel().tolist()),
+             helper.make_tensor("weight", TensorProto.FLOAT, [16, 8], rng.standard_normal(128).tolist()),
+             helper.make_tensor("pad", TensorProto.INT64, [], [0]),
+             helper.make_tensor("last", TensorProto.INT64, [1], [2]),
+             helper.make_tensor("seq", TensorProto.INT64, [1], [1])]
+    graph = helper.make_graph(nodes, "masked_projection",
+                              [helper.make_tensor_value_info("text", TensorProto.INT64, ["batch", CONTEXT])],
+                              [helper.make_tensor_value_info("features", TensorProto.FLOAT, ["batch", 8])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+
+
+def test_a_lowered_model_is_cut_when_cut_it_stays_as_close_to_fp32(tmp_path):
+    """int8's answer moves when the padding is cut (its activation scale saw the pad rows); what is checked is that the
+    cut answer is as close to the fp32 model as the full-length one."""
+    pytest.importorskip("onnxruntime.quantization")
+    model = _masked_projection(pad_row_scale=20.0)
+    instance, log, path = _load(tmp_path, "proj", model, trim_padding="text", precision_mode="int8")
+    try:
+        assert any("trim_padding: 'text' cut after its last token other than 0; checked at load: cut, the lowered "
+                   "model is as close to fp32 as at the full length" in line for line in log.lines), log.lines
+        ids = _texts([6, 11])
+        got = instance.execute([{"text": ids}])[0]["features"]
+        want = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"text": ids})[0]
+        cosine = float((got.ravel() @ want.ravel()) / np.linalg.norm(got) / np.linalg.norm(want))
+        assert cosine > 0.99
+    finally:
+        instance.close()

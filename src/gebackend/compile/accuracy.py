@@ -167,6 +167,14 @@ def compare(name: str, reference: np.ndarray, lowered: np.ndarray) -> OutputAccu
     return OutputAccuracy(name, diff, cosine, float(np.max(np.abs(a))))
 
 
+def reference_outputs(model: ModelSource, feeds: Mapping[str, np.ndarray],
+                      providers: Sequence = ("CPUExecutionProvider",)) -> dict[str, np.ndarray]:
+    """Every output of `model` on `feeds`, by name, from a plain ONNX Runtime session (the fp32 reference)."""
+    session = _session(model, providers)
+    names = [o.name for o in session.get_outputs()]
+    return dict(zip(names, session.run(names, dict(feeds))))
+
+
 def accuracy_report(
     reference_model: ModelSource,
     lowered_model: ModelSource | Engine,
@@ -181,9 +189,8 @@ def accuracy_report(
     `Engine` already built with its precision (e.g. OpenVINO with an inference precision hint).
     """
     try:
-        reference = _session(reference_model, providers)
-        names = [o.name for o in reference.get_outputs()]
-        expected = reference.run(names, dict(feeds))
+        reference = reference_outputs(reference_model, feeds, providers)
+        names, expected = list(reference), list(reference.values())
         if isinstance(lowered_model, Engine):
             got = lowered_model.run(dict(feeds), names)
         else:

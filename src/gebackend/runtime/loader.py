@@ -33,6 +33,7 @@ def load_executor(
     mode = spec.options.engines.precision_mode
     # lowered here unless the engine (OpenVINO's precision hint for bf16/fp16) or the provider (TensorRT, CANN)
     # applies it itself; the lowered file lives in the precision cache, shared by instances and restarts
+    original = spec.path
     if mode != "origin" and not engine_kind.lowers(mode) and not getattr(providers, "lowers_precision", False):
         spec, precision = _lower(spec, engine_kind, log)
     if spec.options.static.trim_padding is None:
@@ -40,7 +41,8 @@ def load_executor(
         return executor, f"{precision}{how}"
     from gebackend.runtime.padding_trim import build_trimmed
 
-    executor, how = build_trimmed(spec, lambda loosened: _build(loosened, providers, log), log)
+    executor, how = build_trimmed(spec, lambda loosened: _build(loosened, providers, log), log,
+                                  reference=original if spec.path != original else None)
     return executor, f"{precision}{how}"
 
 

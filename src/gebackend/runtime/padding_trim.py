@@ -30,6 +30,7 @@ from gebackend.errors import GeBackendError
 Tensors = Mapping[str, np.ndarray]
 # outputs equal within this, relative to the output's largest value: what float summation order moves
 _RTOL = 1e-4
+_COSINE_SLACK = 1e-4  # a lowered model: how much closer to fp32 the full-length answer may be than the cut one
 
 
 @dataclass(frozen=True)
@@ -99,8 +100,12 @@ def loosened_model(path: Path, plan: TrimPlan, write_copy: Callable) -> Path:
 
 
 def check(run: Callable[[Tensors], dict], plan: TrimPlan, full_shapes: Mapping[str, tuple[int, ...]],
-          model_path: Path) -> str | None:
+          model_path: Path, reference: Path | None = None) -> str | None:
     """Run seeded inputs of `full_shapes` whole and cut; None when every output agrees, else why not (one line).
+
+    A lowered model (int8, fp16: `reference` is the fp32 file it came from) is not exact at either length, and its
+    dynamic int8 scales activations by their range, padding included: there, cut must be as close to the fp32 model's
+    full-length answer as whole is (cosine within `_COSINE_SLACK`).
 
     Rows are real for a quarter or three eighths of the length, the rest pad ids (zeros in the other cut inputs); the
     real part, and the other inputs, are `compile/accuracy.random_feeds`' seeded values (ones in a mask).
@@ -127,16 +132,33 @@ def check(run: Callable[[Tensors], dict], plan: TrimPlan, full_shapes: Mapping[s
         cut = run(plan.cut(feeds))
     except GeBackendError as exc:
         return f"the model did not run its cut inputs: {exc}"
-    for name, reference in whole.items():
+    for name, expected in whole.items():
         got = cut[name]
-        if got.shape != reference.shape:
-            return (f"output '{name}' has shape {list(got.shape)} cut and {list(reference.shape)} whole (it keeps the "
+        if got.shape != expected.shape:
+            return (f"output '{name}' has shape {list(got.shape)} cut and {list(expected.shape)} whole (it keeps the "
                     f"sequence axis)")
-        scale = max(float(np.max(np.abs(reference))) if reference.size else 0.0, 1e-6)
-        diff = float(np.max(np.abs(got.astype(np.float64) - reference))) if reference.size else 0.0
+    if reference is not None:
+        return _as_close_to_fp32(reference, feeds, whole, cut)
+    for name, expected in whole.items():
+        got = cut[name]
+        scale = max(float(np.max(np.abs(expected))) if expected.size else 0.0, 1e-6)
+        diff = float(np.max(np.abs(got.astype(np.float64) - expected))) if expected.size else 0.0
         if not diff <= _RTOL * scale:
             return (f"output '{name}' moves by {diff:.3g} (its largest value {scale:.3g}) when the padding is cut: "
                     f"the model does not ignore its padding")
+    return None
+
+
+def _as_close_to_fp32(reference: Path, feeds: Tensors, whole: Mapping[str, np.ndarray],
+                      cut: Mapping[str, np.ndarray]) -> str | None:
+    from gebackend.compile.accuracy import compare, reference_outputs
+
+    fp32 = reference_outputs(reference, feeds)
+    for name, expected in whole.items():
+        at_full, when_cut = compare(name, fp32[name], expected).cosine, compare(name, fp32[name], cut[name]).cosine
+        if not when_cut >= at_full - _COSINE_SLACK:
+            return (f"output '{name}': cut, the lowered model's cosine to fp32 falls from {at_full:.6f} to "
+                    f"{when_cut:.6f}: the model does not ignore its padding")
     return None
 
 
@@ -156,10 +178,11 @@ def full_shapes(spec: ModelSpec, plan: TrimPlan) -> dict[str, tuple[int, ...]]:
     return out
 
 
-def build_trimmed(spec: ModelSpec, build: Callable[[ModelSpec], tuple], log: Callable[[str], None]) -> tuple:
+def build_trimmed(spec: ModelSpec, build: Callable[[ModelSpec], tuple], log: Callable[[str], None],
+                  reference: Path | None = None) -> tuple:
     """`build(spec)` (runtime/loader.py's executor and load line) on the loosened file, the executor cutting each batch
     once the check passed; served at the full length, saying why, when it did not. `ConfigError` for an option that
-    does not fit the model."""
+    does not fit the model. `reference`: the fp32 file a lowered `spec.path` came from (see `check`)."""
     import dataclasses
 
     from gebackend.config.model_copy import write_model_copy
@@ -177,12 +200,14 @@ def build_trimmed(spec: ModelSpec, build: Callable[[ModelSpec], tuple], log: Cal
                   f"graph.ge.dynamicDims")
     else:
         try:
-            reason = check(executor.runner.run, plan, full_shapes(spec, plan), path)
+            reason = check(executor.runner.run, plan, full_shapes(spec, plan), path, reference)
         except Exception as exc:  # noqa: BLE001 - the check failing is a reason not to cut, never a load failure
             reason = f"the check could not run: {type(exc).__name__}: {exc}"
     if reason is not None:
         log(f"trim_padding: not used, every batch runs at the full length: {reason}")
         return executor, f"trim_padding off ({reason}), {how}"
     executor.trim = plan.cut
-    log(f"{plan.describe()}; checked at load: the outputs do not move when the padding is cut")
+    checked = ("the outputs do not move when the padding is cut" if reference is None
+               else "cut, the lowered model is as close to fp32 as at the full length")
+    log(f"{plan.describe()}; checked at load: {checked}")
     return executor, f"{plan.describe()}, {how}"
