@@ -145,6 +145,7 @@ def test_every_scenario_writes_a_config_triton_can_parse(bert_small, tmp_path, n
     assert (params.get("static_model") == "1") == scenario.static
     assert params.get("engine", "onnxruntime") == scenario.engine
     assert params.get("precision_mode", "origin") == scenario.precision
+    assert params.get("trim_padding") == ("input_ids" if scenario.trim_padding else None)  # the first token-id input
 
 
 def test_generated_ge_config_loads_as_the_backend_reads_it(bert_small, tmp_path):
@@ -178,6 +179,35 @@ def test_missing_engine_makes_the_scenario_not_available(monkeypatch):
     assert missing == "not available: no OpenVINO engine"
     _, missing = scenarios.availability(replace(scenarios.SCENARIOS["ge_int8"]))
     assert missing is None
+
+
+def test_trim_padding_scenarios_need_a_token_id_input():
+    for name in ("ge_trim", "ge_trim_pinned", "ge_int8_trim"):
+        _, missing = scenarios.availability(scenarios.SCENARIOS[name], model=models()["resnet_small"])
+        assert missing == "not available: trim_padding cuts token ids, and resnet_small has no integer input"
+        assert scenarios.availability(scenarios.SCENARIOS[name], model=models()["cnclip_text_l4"])[1] is None
+
+
+@pytest.mark.parametrize("texts", ["random", "captions"])
+def test_text_encoder_requests_are_random_ids_or_padded_chinese_captions(tmp_path, texts):
+    from gebackend.bench.ensemble import CAPTIONS
+    from gebackend.bench.runner import Bench, BenchSettings
+
+    bench = Bench(BenchSettings(out=tmp_path, texts=texts, cache=Path(__file__).resolve().parents[2] / "bench" / "models"))
+    bench.dir.mkdir(parents=True)
+    feeds, input_data = bench._inputs(models()["cnclip_text_l4"])
+    entries = json.loads(input_data.read_text())["data"]
+    ids = np.array([e["text"]["content"] for e in entries])
+    assert feeds["text"].shape == (1, 52) and ids.shape[1] == 52
+    if texts == "random":
+        assert len(entries) == 1 and (ids > 0).all()  # every position a token: nothing to trim
+        return
+    assert len(entries) == len(CAPTIONS) and (ids[:, 0] == 101).all()  # [CLS], then the caption, then [PAD] = 0
+    lengths = (ids != 0).sum(axis=1)
+    assert 10 < lengths.min() and lengths.max() < 30 and (ids[:, 30:] == 0).all()
+    np.testing.assert_array_equal(feeds["text"][0], ids[0])
+    _, bare = bench._inputs(models()["resnet_small"])  # not a text encoder: its random inputs as before
+    assert len(json.loads(bare.read_text())["data"]) == 1
 
 
 def test_sample_inputs_are_valid_token_ids():

@@ -82,6 +82,11 @@ class BenchModel:
         _finish(tmp, target)
         return target
 
+    @property
+    def token_input(self) -> str | None:
+        """The first integer input (token ids), which trim_padding scenarios cut; None for a model without one."""
+        return next((i.name for i in self.inputs if np.issubdtype(np.dtype(i.dtype), np.integer)), None)
+
     def sample_inputs(self, batch: int = 1, seed: int = 0) -> dict[str, np.ndarray]:
         rng = np.random.default_rng(seed)
         return {i.name: i.sample(batch, rng) for i in self.inputs}

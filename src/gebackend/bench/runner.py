@@ -26,6 +26,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Callable, Sequence
 
+import numpy as np
+
 from gebackend.bench import ensemble_runner, inprocess, interleaved_runner, peer, perf_analyzer, report, scenarios, server
 from gebackend.bench.models import DEFAULT_CACHE, BenchModel, models as known_models
 from gebackend.engines import cpu
@@ -55,6 +57,9 @@ class BenchSettings:
     peer_backend_dir: Path | None = None  # Triton's onnxruntime backend (None: $GE_PEER_BACKEND_DIR, NGC's folder)
     with_peer: bool | None = None  # add the peer scenarios: None where the peer is found, True always, False never
     interleave: bool = False  # every scenario of a model in one server, `rounds` interleaved rounds (interleaved_runner)
+    # the CN_CLIP text encoders' requests: "random" ids filling the whole context, or "captions": Chinese captions through
+    # CN_CLIP's tokenizer, padded to the context as a client sends them (what trim_padding has to cut)
+    texts: str = "random"
 
     @classmethod
     def quick_preset(cls, **overrides) -> "BenchSettings":
@@ -154,8 +159,7 @@ class Bench:
             return
         entry["path"] = str(path)
         entry["size_mb"] = round(path.stat().st_size / 2**20, 1)
-        feeds = model.sample_inputs(1, seed=0)
-        input_data = perf_analyzer.write_input_data(self.dir / f"inputs_{model.name}.json", feeds)
+        feeds, input_data = self._inputs(model)
         if s.interleave:
             try:
                 interleaved_runner.run(self, model, path, chosen, input_data, entry["scenarios"])
@@ -166,6 +170,19 @@ class Bench:
             result = self._run_scenario(model, path, scenario, input_data, feeds)
             entry["scenarios"].append(result)
             self._save()
+
+    def _inputs(self, model: BenchModel) -> tuple[dict, Path]:
+        """One request's feeds (the in-process ceiling's) and perf_analyzer's --input-data for every scenario."""
+        target = self.dir / f"inputs_{model.name}.json"
+        if self.settings.texts == "captions" and model.ensemble == "text":
+            from gebackend.bench import ensemble
+
+            texts = ensemble.inputs(ensemble.pipeline(model), self.settings.cache, count=len(ensemble.CAPTIONS))
+            self.summary["meta"].setdefault("inputs", {})[model.name] = texts.description + ", tokenized, padded"
+            feeds = {name: np.asarray(value)[None] for name, value in texts.bare[0].items()}
+            return feeds, perf_analyzer.write_input_entries(target, texts.bare)
+        feeds = model.sample_inputs(1, seed=0)
+        return feeds, perf_analyzer.write_input_data(target, feeds)
 
     def serve(self, repo: Path, tag: str, result: dict, models: Sequence[str], extra_backends=None):
         """`gebackend serve` on `repo` for one scenario, its start-up time in `result`; None, with `result` marked
@@ -193,7 +210,7 @@ class Bench:
     def prepare(self, model: BenchModel, scenario: scenarios.Scenario) -> tuple[scenarios.Scenario, dict, str]:
         """The scenario as it can run here, its result entry (status "not available" when it cannot) and its tag."""
         s = self.settings
-        scenario, missing = scenarios.availability(scenario, s.peer_backend_dir)
+        scenario, missing = scenarios.availability(scenario, s.peer_backend_dir, model)
         if scenario.is_peer and self.peer is None:
             missing = f"not available: {self.peer_reason}"
         result = {"name": scenario.name, "title": scenario.title, "status": "ok", "reason": "", "notes": scenario.notes,

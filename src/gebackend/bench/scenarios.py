@@ -63,6 +63,7 @@ class Scenario:
     requires: tuple[str, ...] = ()  # features: "openvino", "precision", "int8", "nncf", "pinning", "peer"
     notes: str = ""
     ensemble: bool = False  # served as the encoder of the model's CN_CLIP ensemble (`NAME+ensemble`)
+    trim_padding: bool = False  # ge: trim_padding on the model's token-id input (models without one: not available)
 
     @property
     def is_ge(self) -> bool:
@@ -102,8 +103,15 @@ def _ladder() -> list[Scenario]:
     openvino_int8 = replace(pinned, name="ge_openvino_int8", title="ge_pinned on OpenVINO + int8 static (NNCF QDQ)",
                             engine="openvino", precision="int8", quantization="static",
                             requires=("pinning", "openvino", "precision", "int8", "nncf"))
+    # Text encoders: each batch cut to its longest text (trim_padding); the bench's inputs decide what there is to cut
+    # (--texts captions: real Chinese captions padded to the context, as the tokenizer sends them)
+    trim = replace(dynamic, name="ge_trim", title="ge dynamic + trim_padding (each batch cut to its longest text)",
+                   trim_padding=True)
+    trim_pinned = replace(dyn_pinned, name="ge_trim_pinned", title="ge_dyn_pinned + trim_padding", trim_padding=True)
+    int8_trim = replace(dyn_pinned, name="ge_int8_trim", title="ge_dyn_pinned + int8 (onnxruntime dynamic) + trim_padding",
+                        precision="int8", trim_padding=True, requires=("pinning", "precision", "int8"))
     return [naive, dynamic, static, batching, pinned, bf16, int8, openvino, delay, dyn_batching, dyn_pinned,
-            int8_static, openvino_int8]
+            int8_static, openvino_int8, trim, trim_pinned, int8_trim]
 
 
 def _peers(batching: Scenario) -> list[Scenario]:
@@ -173,8 +181,12 @@ def feature_missing(feature: str, peer_dir: Path | None = None) -> str | None:
     return f"unknown feature {feature!r}"
 
 
-def availability(scenario: Scenario, peer_dir: Path | None = None) -> tuple[Scenario, str | None]:
-    """The scenario to run (pinning falls back to unpinned instances) and why it cannot run, if it cannot."""
+def availability(scenario: Scenario, peer_dir: Path | None = None, model: BenchModel | None = None
+                 ) -> tuple[Scenario, str | None]:
+    """The scenario to run (pinning falls back to unpinned instances) and why it cannot run, if it cannot (on `model`,
+    when given: trim_padding needs a token-id input)."""
+    if scenario.trim_padding and model is not None and model.token_input is None:
+        return scenario, f"not available: trim_padding cuts token ids, and {model.name} has no integer input"
     for feature in scenario.requires:
         reason = feature_missing(feature, peer_dir) if feature == "peer" else feature_missing(feature)
         if reason is None:
@@ -241,6 +253,8 @@ def parameters(model: BenchModel, scenario: Scenario) -> dict[str, str]:
         params["precision_mode"] = scenario.precision
     if scenario.quantization:
         params["quantization"] = scenario.quantization
+    if scenario.trim_padding and model.token_input is not None:
+        params["trim_padding"] = model.token_input
     return params
 
 

@@ -48,6 +48,9 @@ def add_parser(subparsers) -> None:
     p.add_argument("--interleave", action="store_true",
                    help="serve all of a model's scenarios (the peer's too) in one server and measure them in "
                         "--rounds interleaved rounds, so a drifting load hits all alike; no in-process ceiling")
+    p.add_argument("--texts", choices=("random", "captions"),
+                   help="the CN_CLIP text encoders' requests: random ids filling the whole context (default), or "
+                        "Chinese captions through CN_CLIP's tokenizer, padded to the context (what trim_padding cuts)")
     p.add_argument("--no-ceiling", action="store_true", help="skip the in-process ceiling")
     p.add_argument("--ceiling-for", type=_names, metavar="SCENARIOS",
                    help="measure the in-process ceiling only for these scenarios (default: every ge scenario)")
@@ -112,7 +115,7 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
     overrides = dict(models=args.models, scenarios=args.scenarios, concurrency=args.concurrency, headline=args.headline,
                      ceiling_seconds=args.ceiling_seconds, ceiling_for=args.ceiling_for, rounds=args.rounds,
                      peer_backend_dir=args.peer_backend_dir, with_peer=with_peer,
-                     interleave=args.interleave or None)
+                     interleave=args.interleave or None, texts=args.texts)
     settings = replace(base, perf=perf, out=args.out, cache=args.cache, ceiling=not args.no_ceiling,
                        **{k: v for k, v in overrides.items() if v is not None})
     signal.signal(signal.SIGTERM, _interrupt)  # stop the scenario's server and write the partial summary
