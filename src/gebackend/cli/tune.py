@@ -53,6 +53,9 @@ def add_parser(subparsers) -> None:
     p.add_argument("--peer-backend-dir", type=Path, metavar="DIR",
                    help="a Triton backends folder with onnxruntime/libtriton_onnxruntime.so (release r24.10): the "
                         "model is also measured on Triton's onnxruntime backend ('x onnxruntime backend' column)")
+    p.add_argument("--input-data", type=Path, metavar="FILE",
+                   help="perf_analyzer --input-data JSON of your own requests, sent to every candidate and the peer "
+                        "(default: one seeded random request); padded token ids make every candidate trim_padding")
     p.add_argument("--quick", action="store_true", help="a reduced space (4-6 candidates) and short windows")
     p.set_defaults(func=run)
 
@@ -76,7 +79,8 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
             print(f"gebackend tune: {reason}", file=sys.stderr)
             return 2
     settings = TuneSettings(args.model_dir, args.concurrency, args.latency_budget_ms, args.min_cosine,
-                            args.time_budget_min, args.out, args.apply, args.peer_backend_dir, args.quick)
+                            args.time_budget_min, args.out, args.apply, args.peer_backend_dir, args.quick,
+                            args.input_data)
     signal.signal(signal.SIGTERM, _interrupt)  # stop the candidate's server and write what was measured
     try:
         out, data = tune(settings)

@@ -38,6 +38,8 @@ WHAT = {  # what each chosen key does, the first line of its comment
     "dynamic_batching": "Triton's dynamic batcher gathers waiting requests into one batch",
     "preferred_batch_size": "batch sizes the batcher sends at once (aligned with the buckets)",
     "max_queue_delay_microseconds": "how long the batcher holds a request waiting for company",
+    "trim_padding": "each batch cut to its longest request's tokens before the engine runs it (your requests are padded; "
+                    "checked at load: served uncut if the outputs move)",
 }
 # the dimension (space.DIMENSIONS) whose measured reason each key's comment gives
 DIMENSION_OF = {"engine": "numerics", "precision_mode": "numerics", "static_model": "graph", "graph.ge.inputShape": "graph",

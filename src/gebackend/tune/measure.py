@@ -4,8 +4,8 @@
   file) under OUT/repos/<key>/, its config.pbtxt then replaced by config_writer's (the file the winner gets);
 - it is served by `Bench.serve` (`gebackend serve` on free ports, failed loads reported with the server's
   reason; the peer's backend laid out beside ours), its log in OUT/logs/<key>.serve.log;
-- perf_analyzer is `perf_analyzer.run` at the one concurrency tuned for (gRPC, batch 1, the same valid input
-  for every request, its unstable-retry), its CSV and logs under OUT/perf/<key>/;
+- perf_analyzer is `perf_analyzer.run` at the one concurrency tuned for (gRPC, batch 1, its unstable-retry), sending
+  the user's requests (--input-data) or one valid seeded input for every request, its CSV and logs under OUT/perf/<key>/;
 - the accuracy guard is the bench's in-process check (`inprocess.Ceiling` + `inprocess.accuracy`: the
   candidate's engine and precision loaded as the backend loads them, cosine to a plain fp32 ONNX Runtime
   session on 4 random inputs).
@@ -49,14 +49,16 @@ class Served:
 
 class BenchMeasurer:
     def __init__(self, model: TunedModel, out: Path, concurrency: int, quick: bool = False, peer=None,
-                 log: Callable[[str], None] = lambda line: None, startup_timeout: float = 600):
+                 log: Callable[[str], None] = lambda line: None, startup_timeout: float = 600,
+                 input_data: Path | None = None):
         self.model, self.out, self.concurrency, self.peer, self.log = model, Path(out), concurrency, peer, log
         self.phases = {"screen": QUICK_SCREEN if quick else SCREEN, "refine": QUICK_REFINE if quick else REFINE}
         self.bench = Bench(BenchSettings(out=self.out, startup_timeout=startup_timeout), log=log)
         self.bench.dir = self.out  # the bench's logs/ and layout, directly in the tune folder
         (self.out / "logs").mkdir(parents=True, exist_ok=True)
         self.binary = perf_analyzer.find_perf_analyzer()
-        self.input_data = perf_analyzer.write_input_data(self.out / "inputs.json", random_feeds(model))
+        self.input_data = Path(input_data) if input_data is not None else \
+            perf_analyzer.write_input_data(self.out / "inputs.json", random_feeds(model))
         self.configs: dict[str, str] = {}
 
     def repository(self, cand: Candidate) -> Path:

@@ -199,7 +199,7 @@ def _key(engine: str, static: bool, rung: PrecisionRung, instances: int, per: in
 
 
 def make_candidate(engine: str, rung: PrecisionRung, static: bool, layout: tuple[int, int], delay: int | None,
-                   max_batch_size: int, cores: int, ranks: tuple[int, ...] = ()) -> Candidate:
+                   max_batch_size: int, cores: int, ranks: tuple[int, ...] = (), trim: bool = False) -> Candidate:
     instances, per = layout
     buckets = buckets_for(max_batch_size) if static else ()
     preferred = tuple(b for b in (buckets or buckets_for(max_batch_size)) if b > 1)
@@ -209,35 +209,39 @@ def make_candidate(engine: str, rung: PrecisionRung, static: bool, layout: tuple
         dynamic_batching=delay is not None, preferred_batch_sizes=preferred if delay is not None else (),
         max_queue_delay_us=delay or 0, instances=instances, cores_per_instance=per if pinned else 0,
         intra_op_threads=per if pinned else 0, engine=engine, precision=rung.precision_mode,
-        requires=("pinning",) if pinned else ())
+        requires=("pinning",) if pinned else (), trim_padding=trim)
     candidate = Candidate(scenario.name, scenario, rung, cores, ranks=ranks)
     return replace(candidate, scenario=replace(scenario, title=candidate.label))
 
 
 def space(cores: int, engines: Sequence[str], capabilities: Sequence[str], max_batch_size: int, concurrency: int,
           static_ok: bool = True, quick: bool = False, available: Callable[[str], bool] = lambda feature: True,
-          table: Sequence[PrecisionRung] = PRECISIONS, slow: Slow = lambda engine, rung: "") -> list[Candidate]:
+          table: Sequence[PrecisionRung] = PRECISIONS, slow: Slow = lambda engine, rung: "",
+          trim: bool = False) -> list[Candidate]:
     """Every candidate for this machine and model, in prior order (see the module docstring); `quick`: the usual
-    best guess and one change of each dimension from it (4-6 candidates)."""
+    best guess and one change of each dimension from it (4-6 candidates). `trim`: every candidate cuts its batches'
+    padding (trim_padding), and the dynamic graph comes first: the static one's batch buckets keep the full length."""
     pairs = numerics(engines, capabilities, available, table, slow)
-    graphs = [True, False] if static_ok else [False]
+    graphs = ([False, True] if trim else [True, False]) if static_ok else [False]
     layouts = instance_layouts(cores, concurrency)
     delays: list[int | None] = list(DELAYS_US) if max_batch_size > 0 else [None]
     if quick:
-        return _quick(pairs, graphs, layouts, delays, max_batch_size, cores)
+        return _quick(pairs, graphs, layouts, delays, max_batch_size, cores, trim)
     out = []
     for a, (engine, rung) in enumerate(pairs):
         for b, static in enumerate(graphs):
             for c, layout in enumerate(layouts):
                 for d, delay in enumerate(delays):
-                    out.append(make_candidate(engine, rung, static, layout, delay, max_batch_size, cores, (a, b, c, d)))
+                    out.append(make_candidate(engine, rung, static, layout, delay, max_batch_size, cores, (a, b, c, d),
+                                              trim))
     return sorted(out, key=lambda cand: (sum(cand.ranks), cand.ranks))
 
 
-def _quick(pairs, graphs, layouts, delays, max_batch_size: int, cores: int) -> list[Candidate]:
+def _quick(pairs, graphs, layouts, delays, max_batch_size: int, cores: int, trim: bool = False) -> list[Candidate]:
     def make(p=0, g=0, lay=0, d=0):
         engine, rung = pairs[p]
-        return make_candidate(engine, rung, graphs[g], layouts[lay], delays[d], max_batch_size, cores, (p, g, lay, d))
+        return make_candidate(engine, rung, graphs[g], layouts[lay], delays[d], max_batch_size, cores, (p, g, lay, d),
+                              trim)
 
     out = [make()]
     if len(graphs) > 1:

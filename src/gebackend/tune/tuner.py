@@ -32,15 +32,17 @@ class TuneSettings:
     apply: bool = False
     peer_backend_dir: Path | None = None
     quick: bool = False
+    input_data: Path | None = None  # perf_analyzer --input-data JSON of the user's requests (None: seeded random ones)
 
 
 def _stderr(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-def machine_space(settings: TuneSettings, model: space.TunedModel, slow: space.Slow) -> list[space.Candidate]:
+def machine_space(settings: TuneSettings, model: space.TunedModel, slow: space.Slow,
+                  trim: bool = False) -> list[space.Candidate]:
     """The candidates for this machine: its cores, installed engines, OpenVINO's capabilities, the bench's features,
-    and the rungs expected to lose on this CPU (`slow_rungs`), measured last."""
+    and the rungs expected to lose on this CPU (`slow_rungs`), measured last; `trim`: each cuts its batches' padding."""
     from gebackend.bench import scenarios
     from gebackend.engines import registry
 
@@ -60,7 +62,7 @@ def machine_space(settings: TuneSettings, model: space.TunedModel, slow: space.S
     return space.space(cores, engines, capabilities, model.max_batch_size, settings.concurrency,
                        static_ok=not model.static_problem, quick=settings.quick,
                        available=lambda feature: scenarios.feature_missing(feature) is None,
-                       slow=slow)
+                       slow=slow, trim=trim)
 
 
 def slow_rungs(model: space.TunedModel, cpu_flags: Iterable[str] | None = None) -> space.Slow:
@@ -74,6 +76,22 @@ def slow_rungs(model: space.TunedModel, cpu_flags: Iterable[str] | None = None) 
         return int8_on_openvino if engine == "openvino" and rung.precision_mode == "int8" else ""
 
     return slow
+
+
+def trims(model: space.TunedModel, input_data: Path | None) -> str:
+    """Why every candidate cuts its batches' padding (trim_padding on the token-id input), or "" when they do not: the
+    user's requests (--input-data) are padded token ids, and the config does not set trim_padding itself."""
+    token = model.bench_model().token_input
+    params = model.config.get("parameters") or {}
+    if input_data is None or token is None or "trim_padding" in params:
+        return ""
+    from gebackend.tune import requests
+
+    padded = requests.padding(input_data, token)
+    if padded is None:
+        return ""
+    return (f"your requests' '{token}' ends in padding (the longest uses {padded[0]} of its {padded[1]} positions): "
+            f"every candidate cuts each batch to its longest request (trim_padding={token}, checked at load)")
 
 
 def references(model: space.TunedModel, peer_found, cores: int) -> list[space.Candidate]:
@@ -108,13 +126,16 @@ def run(settings: TuneSettings, progress: Callable[[str], None] = _stderr) -> tu
     out.mkdir(parents=True, exist_ok=True)
     found = peer_mod.find(settings.peer_backend_dir) if settings.peer_backend_dir is not None else None
     slow = slow_rungs(model)
-    candidates = machine_space(settings, model, slow)
+    trim = trims(model, settings.input_data)
+    candidates = machine_space(settings, model, slow, trim=bool(trim))
     cores = candidates[0].cores if candidates else 1
     log_file = open(out / "tune.log", "a", buffering=1)
     log = lambda line: log_file.write(line + "\n")  # noqa: E731 - the bench's own lines: commands, server output
     progress(f"tune: {model.name}: {len(candidates)} candidates on {machine()}; writing to {out}")
     if model.static_problem:
         progress(f"tune: no static candidates: {model.static_problem}")
+    if trim:
+        progress(f"tune: {trim}")
     for engine, rung in sorted({(c.scenario.engine, c.rung) for c in candidates if slow(c.scenario.engine, c.rung)},
                                key=lambda pair: (pair[0], pair[1].name)):
         progress(f"tune: {rung.name} on {engine} measured last: {slow(engine, rung)}")
@@ -123,7 +144,8 @@ def run(settings: TuneSettings, progress: Callable[[str], None] = _stderr) -> tu
         time_budget_s=settings.time_budget_min * 60, finalists=2 if settings.quick else 3,
         rounds=2 if settings.quick else 3)
     try:
-        measurer = BenchMeasurer(model, out, settings.concurrency, quick=settings.quick, peer=found, log=log)
+        measurer = BenchMeasurer(model, out, settings.concurrency, quick=settings.quick, peer=found, log=log,
+                                 input_data=settings.input_data)
         done = search_mod.Search(candidates, measurer, settings_s, references(model, found, cores), progress).run()
     finally:
         log_file.close()
@@ -145,7 +167,9 @@ def run(settings: TuneSettings, progress: Callable[[str], None] = _stderr) -> tu
             "quick": settings.quick, "duration_s": round(time.monotonic() - t0, 1),
             "screen": _window(measurer.phases["screen"]), "refine": _window(measurer.phases["refine"]),
             "peer": peer_mod.describe(found, None if found else "not asked (--peer-backend-dir)"),
-            "static_problem": model.static_problem}
+            "static_problem": model.static_problem,
+            "input_data": str(settings.input_data) if settings.input_data else "seeded random requests",
+            "trim_padding": trim}
     data = report.summary(done, meta, reasons, text)
     if settings.apply:
         data["meta"]["applied"] = apply(model.dir, text, done)

@@ -1,0 +1,49 @@
+"""The requests `gebackend tune --input-data FILE` measures with: perf_analyzer's --input-data JSON of the user's own
+requests (the same file every candidate, reference and the peer get), read here only to see whether their token ids
+are padded, which makes every ge candidate cut each batch's padding (trim_padding) before its engine runs it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+
+def read(path: Path) -> list[dict]:
+    """The entries of a perf_analyzer --input-data file; ValueError naming the file and what is wrong."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ValueError(f"--input-data {path}: cannot read it: {exc.strerror or exc}") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"--input-data {path}: not JSON ({exc})") from None
+    entries = data.get("data") if isinstance(data, dict) else None
+    if not isinstance(entries, list) or not entries or not all(isinstance(e, dict) for e in entries):
+        raise ValueError(f"--input-data {path}: expected perf_analyzer's format, {{\"data\": [{{INPUT: ...}}, ...]}}")
+    return entries
+
+
+def _values(tensor) -> np.ndarray | None:
+    """One request's tensor as numbers (perf_analyzer's list or {"content": [...], "shape": [...]}); None for b64."""
+    content, shape = (tensor.get("content"), tensor.get("shape")) if isinstance(tensor, dict) else (tensor, None)
+    if not isinstance(content, list):
+        return None
+    try:
+        values = np.asarray(content, dtype=np.int64)
+        return values.reshape(shape) if shape else values
+    except (TypeError, ValueError):
+        return None
+
+
+def padding(path: Path, name: str, pad: int = 0) -> tuple[int, int] | None:
+    """(the most positions any request of `name` uses, the positions each sends) when the requests' token ids end in
+    `pad` ids, else None (not padded, not in the file, or not readable as numbers)."""
+    used, full = 0, 0
+    for entry in read(path):
+        values = _values(entry.get(name)) if name in entry else None
+        if values is None or values.ndim < 1 or values.shape[-1] == 0:
+            return None
+        real = np.flatnonzero((values != pad).reshape(-1, values.shape[-1]).any(axis=0))
+        used, full = max(used, int(real[-1]) + 1 if real.size else 1), max(full, values.shape[-1])
+    return (used, full) if used < full else None

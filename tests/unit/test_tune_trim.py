@@ -1,0 +1,82 @@
+"""`gebackend tune --input-data`: the user's requests are what every candidate is measured with, and padded token ids
+in them make every ge candidate cut each batch's padding (trim_padding), the dynamic graph first; tune/requests.py
+reads perf_analyzer's format and says what is wrong with a file it cannot."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import onnx
+import pytest
+
+from gebackend.config.pbtxt import load_model_config
+from gebackend.modelzoo.cnclip_standin import build_cnclip_text_standin
+from gebackend.tune import config_writer, requests, space, tuner
+
+CONFIG = 'name: "text"\nbackend: "ge"\nmax_batch_size: 8\ndynamic_batching { }\n'
+
+
+def _folder(tmp_path: Path, config: str = CONFIG) -> Path:
+    folder = tmp_path / "text"
+    (folder / "1").mkdir(parents=True)
+    onnx.save(build_cnclip_text_standin(), str(folder / "1" / "model.onnx"))
+    (folder / "config.pbtxt").write_text(config)
+    return folder
+
+
+def _requests(tmp_path: Path, rows, name="text", plain=False) -> Path:
+    entries = [{name: row if plain else {"content": row, "shape": [len(row)]}} for row in rows]
+    path = tmp_path / "requests.json"
+    path.write_text(json.dumps({"data": entries}))
+    return path
+
+
+def _padded(n: int) -> list[int]:
+    return [101] + [700 + i for i in range(n - 2)] + [102] + [0] * (52 - n)
+
+
+def test_padded_requests_say_how_much_of_the_context_they_use(tmp_path):
+    assert requests.padding(_requests(tmp_path, [_padded(9), _padded(17)]), "text") == (17, 52)
+    assert requests.padding(_requests(tmp_path, [_padded(9)], plain=True), "text") == (9, 52)
+    assert requests.padding(_requests(tmp_path, [[5] * 52]), "text") is None  # the whole context: nothing to cut
+    assert requests.padding(_requests(tmp_path, [_padded(9)], name="ids"), "text") is None  # not that input
+    b64 = tmp_path / "b64.json"
+    b64.write_text(json.dumps({"data": [{"text": {"content": {"b64": "AAAA"}, "shape": [1]}}]}))
+    assert requests.padding(b64, "text") is None
+
+
+@pytest.mark.parametrize("text, message", [("not json", "not JSON"), ('{"data": []}', "perf_analyzer's format"),
+                                            ('[1, 2]', "perf_analyzer's format")])
+def test_a_file_that_is_not_perf_analyzer_input_data_is_named(tmp_path, text, message):
+    path = tmp_path / "bad.json"
+    path.write_text(text)
+    with pytest.raises(ValueError, match=f"--input-data {path}: .*{message}"):
+        requests.read(path)
+    with pytest.raises(ValueError, match="cannot read it"):
+        requests.read(tmp_path / "absent.json")
+
+
+def test_tune_trims_only_for_padded_requests_and_a_config_that_does_not_set_it(tmp_path):
+    model = space.TunedModel.load(_folder(tmp_path))
+    padded = _requests(tmp_path, [_padded(9), _padded(17)])
+    why = tuner.trims(model, padded)
+    assert "the longest uses 17 of its 52 positions" in why and "trim_padding=text" in why
+    assert tuner.trims(model, None) == ""
+    assert tuner.trims(model, _requests(tmp_path, [[5] * 52])) == ""
+    own = space.TunedModel.load(_folder(tmp_path / "own", CONFIG + 'parameters { key: "trim_padding" value: { '
+                                                           'string_value: "text=0" } }\n'))
+    assert tuner.trims(own, padded) == ""  # the user's own option is kept as it is, in every candidate
+
+
+def test_trimming_candidates_put_the_dynamic_graph_first_and_write_the_option(tmp_path):
+    model = space.TunedModel.load(_folder(tmp_path))
+    plain = space.space(2, ("onnxruntime",), (), 8, 4)
+    cut = space.space(2, ("onnxruntime",), (), 8, 4, trim=True)
+    assert plain[0].scenario.static and not cut[0].scenario.static
+    assert all(c.scenario.trim_padding for c in cut) and not any(c.scenario.trim_padding for c in plain)
+    text = config_writer.config_text(model, cut[0])
+    (tmp_path / "out.pbtxt").write_text(text)
+    params = {k: v["string_value"] for k, v in load_model_config(tmp_path / "out.pbtxt")["parameters"].items()}
+    assert params["trim_padding"] == "text" and params["static_model"] == "0"
+    assert "# trim_padding=text: each batch cut to its longest request's tokens" in text
