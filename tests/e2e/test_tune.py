@@ -102,3 +102,54 @@ def test_tune_quick_finds_a_winner_that_serves_right_and_rejects_int8(tmp_path):
         server.stop()
     expected = ort.InferenceSession(str(model_dir / "1" / "model.onnx")).run(["y"], {"x": x})[0]
     np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)
+
+
+def test_tune_with_padded_requests_cuts_them_in_every_candidate_and_the_winner(tmp_path):
+    """--input-data with texts padded to the context (as CN_CLIP's tokenizer sends them): every candidate runs
+    trim_padding, the winner's config keeps it, and served, the winner answers as the ONNX file at full length."""
+    from gebackend.modelzoo.cnclip_standin import build_cnclip_text_standin
+
+    model_dir = tmp_path / "repo" / "text"
+    (model_dir / "1").mkdir(parents=True)
+    onnx.save(build_cnclip_text_standin(), str(model_dir / "1" / "model.onnx"))
+    (model_dir / "config.pbtxt").write_text('name: "text"\nbackend: "ge"\nmax_batch_size: 8\ndynamic_batching { }\n')
+    rng = np.random.default_rng(8)
+    rows = [[101, *rng.integers(670, 8000, n).tolist(), 102] + [0] * (50 - n) for n in (9, 14, 5, 18)]
+    requests = tmp_path / "requests.json"
+    requests.write_text(json.dumps({"data": [{"text": {"content": r, "shape": [52]}} for r in rows]}))
+    out = tmp_path / "tune"
+    cmd = [sys.executable, "-m", "gebackend.cli.main", "tune", str(model_dir), "--quick", "--time-budget-min", "3",
+           "--concurrency", "2", "--input-data", str(requests), "--out", str(out)]
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=420)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    assert ("tune: your requests' 'text' ends in padding (the longest uses 20 of its 52 positions): every candidate "
+            "cuts each batch to its longest request (trim_padding=text, checked at load)") in done.stderr
+    data = json.loads((out / "report.json").read_text())
+    assert data["meta"]["input_data"] == str(requests) and "trim_padding=text" in data["meta"]["trim_padding"]
+    measured = [c for c in data["candidates"] if (out / "logs" / f"{c['key']}.serve.log").exists()]
+    assert measured
+    for c in measured:  # each candidate's server cut its batches (or, static, said why it could not)
+        log = (out / "logs" / f"{c['key']}.serve.log").read_text()
+        assert "trim_padding: 'text' cut after its last token other than 0" in log or \
+            "compiles no length of 'text' shorter than 52" in log, c["key"]
+    parsed = load_model_config(out / "config.pbtxt")
+    assert parsed["parameters"]["trim_padding"]["string_value"] == "text"
+
+    serve_repo = tmp_path / "serve"
+    (serve_repo / "text" / "1").mkdir(parents=True)
+    shutil.copy(model_dir / "1" / "model.onnx", serve_repo / "text" / "1" / "model.onnx")
+    shutil.copy(out / "config.pbtxt", serve_repo / "text" / "config.pbtxt")
+    server = start_server(serve_repo, tmp_path / "serve.log")
+    try:
+        ids = np.array(rows[:2], dtype=np.int64)
+        client = httpclient.InferenceServerClient(server.http_url)
+        tensor = httpclient.InferInput("text", list(ids.shape), "INT64")
+        tensor.set_data_from_numpy(ids)
+        got = client.infer("text", [tensor]).as_numpy("unnorm_text_features")
+        log = server.output()
+    finally:
+        server.stop()
+    expected = ort.InferenceSession(str(model_dir / "1" / "model.onnx")).run(None, {"text": ids})[0]
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+    if parsed["parameters"]["static_model"]["string_value"] == "0":
+        assert "trim_padding: 'text' cut after its last token other than 0" in log
