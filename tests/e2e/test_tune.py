@@ -123,7 +123,8 @@ def test_tune_with_padded_requests_cuts_them_in_every_candidate_and_the_winner(t
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=420)
     assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
     assert ("tune: your requests' 'text' ends in padding (the longest uses 20 of its 52 positions): every candidate "
-            "cuts each batch to its longest request (trim_padding=text, checked at load)") in done.stderr
+            "cuts each batch to its longest request (trim_padding=text, checked at load); static candidates, whose "
+            "batch buckets keep the full length, are measured last") in done.stderr
     data = json.loads((out / "report.json").read_text())
     assert data["meta"]["input_data"] == str(requests) and "trim_padding=text" in data["meta"]["trim_padding"]
     measured = [c for c in data["candidates"] if (out / "logs" / f"{c['key']}.serve.log").exists()]

@@ -74,6 +74,8 @@ def test_trimming_candidates_put_the_dynamic_graph_first_and_write_the_option(tm
     plain = space.space(2, ("onnxruntime",), (), 8, 4)
     cut = space.space(2, ("onnxruntime",), (), 8, 4, trim=True)
     assert plain[0].scenario.static and not cut[0].scenario.static
+    first_static = next(i for i, c in enumerate(cut) if c.scenario.static)
+    assert first_static == sum(not c.scenario.static for c in cut)  # every dynamic candidate before any static one
     assert all(c.scenario.trim_padding for c in cut) and not any(c.scenario.trim_padding for c in plain)
     text = config_writer.config_text(model, cut[0])
     (tmp_path / "out.pbtxt").write_text(text)

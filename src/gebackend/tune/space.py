@@ -29,6 +29,7 @@ DEFAULT_MAX_BATCH_SIZE = 8  # what the backend gives a batching model whose conf
 VARIABLE_DIM = 16  # a variable non-batch dim is sent as this size (compile.accuracy.random_feeds' default)
 DELAYS_US = (0, 100, 500)  # max_queue_delay_microseconds rungs
 DIMENSIONS = ("numerics", "graph", "instances", "delay")  # what a candidate chooses (numerics: engine + precision)
+STATIC_UNCUT_RANK = 1000  # with trim_padding: static candidates after every dynamic one (their buckets cannot cut)
 
 
 @dataclass(frozen=True)
@@ -220,9 +221,11 @@ def space(cores: int, engines: Sequence[str], capabilities: Sequence[str], max_b
           trim: bool = False) -> list[Candidate]:
     """Every candidate for this machine and model, in prior order (see the module docstring); `quick`: the usual
     best guess and one change of each dimension from it (4-6 candidates). `trim`: every candidate cuts its batches'
-    padding (trim_padding), and the dynamic graph comes first: the static one's batch buckets keep the full length."""
+    padding (trim_padding), and the static graph, whose batch buckets keep the full length and so cannot cut, comes
+    after every dynamic candidate (kept, measured last)."""
     pairs = numerics(engines, capabilities, available, table, slow)
     graphs = ([False, True] if trim else [True, False]) if static_ok else [False]
+    uncut = STATIC_UNCUT_RANK if trim else 0  # the static graph's rank offset when the others cut their padding
     layouts = instance_layouts(cores, concurrency)
     delays: list[int | None] = list(DELAYS_US) if max_batch_size > 0 else [None]
     if quick:
@@ -232,8 +235,8 @@ def space(cores: int, engines: Sequence[str], capabilities: Sequence[str], max_b
         for b, static in enumerate(graphs):
             for c, layout in enumerate(layouts):
                 for d, delay in enumerate(delays):
-                    out.append(make_candidate(engine, rung, static, layout, delay, max_batch_size, cores, (a, b, c, d),
-                                              trim))
+                    ranks = (a, b + (uncut if static else 0), c, d)
+                    out.append(make_candidate(engine, rung, static, layout, delay, max_batch_size, cores, ranks, trim))
     return sorted(out, key=lambda cand: (sum(cand.ranks), cand.ranks))
 
 

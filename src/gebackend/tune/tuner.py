@@ -91,7 +91,8 @@ def trims(model: space.TunedModel, input_data: Path | None) -> str:
     if padded is None:
         return ""
     return (f"your requests' '{token}' ends in padding (the longest uses {padded[0]} of its {padded[1]} positions): "
-            f"every candidate cuts each batch to its longest request (trim_padding={token}, checked at load)")
+            f"every candidate cuts each batch to its longest request (trim_padding={token}, checked at load); static "
+            f"candidates, whose batch buckets keep the full length, are measured last")
 
 
 def references(model: space.TunedModel, peer_found, cores: int) -> list[space.Candidate]:
