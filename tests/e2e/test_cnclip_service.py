@@ -112,6 +112,9 @@ def test_every_model_is_ready_and_auto_completed(cnclip):
     for model in MODELS:
         assert re.search(rf"^  {model} v1: READY$", out, re.M), out[-3000:]
     assert re.search(r"model 'cnclip_text_preprocess' instance .* loaded .* cn_clip tokenize\(context_length=52\)", out)
+    # the encoder runs each batch only as long as its longest text (the tokenizer pads to 52): what the config asks
+    assert ("model 'cnclip_text_encoder': trim_padding: 'text' cut after its last token other than 0; checked at load: "
+            "the outputs do not move when the padding is cut") in out
     _, c = client(server, "http")
     config = c.get_model_config("cnclip_text_preprocess")
     assert [(i["name"], i["data_type"], i["dims"]) for i in config["input"]] == [("text", "TYPE_STRING", [1])]
