@@ -30,10 +30,10 @@ parameters { key: "calibration_data" value: { string_value: "calib" } }
 """
 
 
-def model_dir(tmp_path: Path, config: str = ORIGINAL) -> Path:
-    folder = tmp_path / "addmul"
+def model_dir(tmp_path: Path, config: str = ORIGINAL, model: onnx.ModelProto | None = None, name: str = "addmul") -> Path:
+    folder = tmp_path / name
     (folder / "1").mkdir(parents=True)
-    onnx.save(build_add_mul(), str(folder / "1" / "model.onnx"))
+    onnx.save(model if model is not None else build_add_mul(), str(folder / "1" / "model.onnx"))
     (folder / "config.pbtxt").write_text(config)
     return folder
 

@@ -7,22 +7,19 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import onnx
 import pytest
 
 from gebackend.config.pbtxt import load_model_config
 from gebackend.modelzoo.cnclip_standin import build_cnclip_text_standin
 from gebackend.tune import config_writer, requests, space, tuner
 
+from test_tune_config import model_dir
+
 CONFIG = 'name: "text"\nbackend: "ge"\nmax_batch_size: 8\ndynamic_batching { }\n'
 
 
 def _folder(tmp_path: Path, config: str = CONFIG) -> Path:
-    folder = tmp_path / "text"
-    (folder / "1").mkdir(parents=True)
-    onnx.save(build_cnclip_text_standin(), str(folder / "1" / "model.onnx"))
-    (folder / "config.pbtxt").write_text(config)
-    return folder
+    return model_dir(tmp_path, config, build_cnclip_text_standin(), "text")
 
 
 def _requests(tmp_path: Path, rows, name="text", plain=False) -> Path:
