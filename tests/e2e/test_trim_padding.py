@@ -122,3 +122,17 @@ def test_the_static_graph_runs_short_texts_on_its_short_buckets(trim_server):
                                                  bucket=full) >= runs[full] + 1)
     assert metric(after, "gebackend_bucket_runs_total", model="text_trim_static", bucket=short) - runs[short] == 1
     assert metric(after, "gebackend_bucket_runs_total", model="text_trim_static", bucket=full) - runs[full] == 1
+
+
+def test_the_metrics_endpoint_counts_the_positions_sent_and_cut(trim_server):
+    server, _ = trim_server
+    time.sleep(1.5)  # what earlier tests ran is published
+    before = scrape(server)
+    sent = metric(before, "gebackend_token_positions_total", model="text_trim")
+    cut = metric(before, "gebackend_trimmed_positions_total", model="text_trim")
+    infer(server, "http", "text_trim", {"text": _texts([7, 3], 31)})  # 2 rows of 52, cut to 7
+    after = scrape_when(server, lambda t: metric(t, "gebackend_token_positions_total", model="text_trim") > sent)
+    assert metric(after, "gebackend_token_positions_total", model="text_trim") - sent == 2 * CONTEXT
+    assert metric(after, "gebackend_trimmed_positions_total", model="text_trim") - cut == 2 * (CONTEXT - 7)
+    assert "gebackend_token_positions_total{" not in "".join(  # a model that is not cut has no such series
+        line for line in after.splitlines() if 'model="unmasked_trim"' in line)

@@ -150,6 +150,8 @@ def test_a_masked_encoder_runs_only_its_real_tokens_and_answers_as_at_full_lengt
             want = reference.run(None, request)[0]
             np.testing.assert_allclose(result["unnorm_text_features"], want, rtol=1e-5, atol=1e-6)
         assert seen.shapes == [{"text": (3, 12 if not params else 16)}]
+        trimmer = instance.executor.trim  # what the metrics endpoint publishes: positions sent, and cut off
+        assert trimmer.positions == 3 * CONTEXT and trimmer.trimmed == 3 * (CONTEXT - (12 if not params else 16))
     finally:
         instance.close()
 

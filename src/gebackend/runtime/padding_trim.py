@@ -83,6 +83,24 @@ class TrimPlan:
         return f"trim_padding: '{self.key}'{also} cut after its last token other than {self.pad}{lengths}"
 
 
+class Trimmer:
+    """The executor's trim hook: the plan's cut, counting the positions of the key input sent and cut away (Triton's
+    metrics endpoint shows them: gebackend_token_positions_total, gebackend_trimmed_positions_total)."""
+
+    def __init__(self, plan: TrimPlan):
+        self.plan = plan
+        self.positions = 0  # rows x positions of the key input, as sent
+        self.trimmed = 0  # of those, how many were cut off before the engine ran
+
+    def __call__(self, feeds: Tensors) -> Tensors:
+        out = self.plan.cut(feeds)
+        ids = feeds.get(self.plan.key)
+        if ids is not None:
+            self.positions += ids.size
+            self.trimmed += ids.size - out[self.plan.key].size
+        return out
+
+
 def loosened_model(path: Path, plan: TrimPlan, write_copy: Callable) -> Path:
     """`path`, or a copy whose cut inputs leave their last dim free where the file fixes it (`[batch, 52]`): the engines
     then take the cut lengths. `write_copy(model, path)` writes the copy (config/model_copy.write_model_copy)."""
@@ -206,7 +224,7 @@ def build_trimmed(spec: ModelSpec, build: Callable[[ModelSpec], tuple], log: Cal
     if reason is not None:
         log(f"trim_padding: not used, every batch runs at the full length: {reason}")
         return executor, f"trim_padding off ({reason}), {how}"
-    executor.trim = plan.cut
+    executor.trim = Trimmer(plan)
     checked = ("the outputs do not move when the padding is cut" if reference is None
                else "cut, the lowered model is as close to fp32 as at the full length")
     log(f"{plan.describe()}; checked at load: {checked}")

@@ -86,7 +86,8 @@ class ServedModel:
             raise RuntimeError(named(name, str(exc))) from None
         metrics = None
         if hasattr(pb_utils, "MetricFamily"):
-            metrics = BackendMetrics(pb_utils, name, instance.executor.runner, instance.load_seconds).start()
+            metrics = BackendMetrics(pb_utils, name, instance.executor.runner, instance.load_seconds,
+                                     instance.executor.trim).start()
         return cls(instance, pb_utils, metrics)
 
     def execute(self, requests: list) -> list:

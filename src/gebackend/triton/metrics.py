@@ -7,6 +7,8 @@
 - `gebackend_bucket_run_seconds{model,bucket}`: the cost of one run of each bucket that the static graph's plans
   come from (pad or split, measured at load), where it measures them;
 - `gebackend_compile_seconds{model}`: how long loading and compiling the model took.
+- `gebackend_token_positions_total{model}` / `gebackend_trimmed_positions_total{model}` (trim_padding): positions of
+  the cut input sent (rows x length), and how many of them were cut off before the engine ran.
 
 Published once a second by a daemon thread, never on the request path: each pb_utils metric call is a
 round trip to tritonserver through shared memory, measured at 10-75 us, and a static model would make up
@@ -23,9 +25,10 @@ PUBLISH_SECONDS = 1.0
 
 
 class BackendMetrics:
-    def __init__(self, pb_utils: Any, model: str, runner: Any, compile_seconds: float):
+    def __init__(self, pb_utils: Any, model: str, runner: Any, compile_seconds: float, trimmer: Any = None):
         family = pb_utils.MetricFamily
         self.runner = runner
+        self.trimmer = trimmer  # runtime/padding_trim.Trimmer, or None: its metrics are not registered
         labels = {"model": model}
         self._families = [
             family("gebackend_bucket_runs_total", "Engine runs per compiled shape (bucket)", family.COUNTER),
@@ -46,6 +49,13 @@ class BackendMetrics:
         self._rows, self._padded = rows.Metric(labels=labels), padded.Metric(labels=labels)
         self._waste, self._fallback = waste.Metric(labels=labels), fallback.Metric(labels=labels)
         compile_time.Metric(labels=labels).set(compile_seconds)
+        self._positions = self._trimmed = None
+        if trimmer is not None:  # the families are kept in self._families: a family dropped is unregistered
+            self._families += [family("gebackend_token_positions_total", "Positions of the trim_padding input sent "
+                                      "(rows x length)", family.COUNTER),
+                               family("gebackend_trimmed_positions_total", "Of those, positions cut off before the "
+                                      "engine ran", family.COUNTER)]
+            self._positions, self._trimmed = (f.Metric(labels=labels) for f in self._families[-2:])
         self._seen = self._snapshot()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -68,18 +78,24 @@ class BackendMetrics:
             self._thread.join(5)
 
     def _snapshot(self) -> tuple:
-        r = self.runner
+        r, t = self.runner, self.trimmer
+        trim = (t.positions, t.trimmed) if t is not None else (0, 0)
         if not hasattr(r, "runs_per_bucket"):
-            return ((), 0, 0, 0)
-        return (tuple(r.runs_per_bucket.get(i, 0) for i in range(len(self._bucket))), r.rows, r.padded_rows, r.fallback_runs)
+            return ((), 0, 0, 0, *trim)
+        return (tuple(r.runs_per_bucket.get(i, 0) for i in range(len(self._bucket))), r.rows, r.padded_rows,
+                r.fallback_runs, *trim)
 
     def update(self) -> None:
-        """Publish what the runner counted since the last update."""
+        """Publish what the runner (and the trimmer) counted since the last update."""
         now = self._snapshot()
         if now == self._seen:
             return
-        runs, rows, padded, fallback = now
-        old_runs, old_rows, old_padded, old_fallback = self._seen
+        runs, rows, padded, fallback, positions, trimmed = now
+        old_runs, old_rows, old_padded, old_fallback, old_positions, old_trimmed = self._seen
+        if positions > old_positions:
+            self._positions.increment(positions - old_positions)
+        if trimmed > old_trimmed:
+            self._trimmed.increment(trimmed - old_trimmed)
         for metric, new, old in zip(self._bucket, runs, old_runs or (0,) * len(runs)):
             if new > old:
                 metric.increment(new - old)
