@@ -79,3 +79,16 @@ def test_trimming_candidates_put_the_dynamic_graph_first_and_write_the_option(tm
     params = {k: v["string_value"] for k, v in load_model_config(tmp_path / "out.pbtxt")["parameters"].items()}
     assert params["trim_padding"] == "text" and params["static_model"] == "0"
     assert "# trim_padding=text: each batch cut to its longest request's tokens" in text
+
+
+def test_a_bad_input_data_file_stops_the_tune_before_any_server(tmp_path, capsys):
+    from gebackend.cli.main import main
+
+    folder = _folder(tmp_path)
+    with pytest.raises(ValueError, match="cannot read it"):
+        tuner.run(tuner.TuneSettings(folder, input_data=tmp_path / "absent.json", out=tmp_path / "out"))
+    assert not (tmp_path / "out" / "logs").exists()
+    bad = tmp_path / "bad.json"
+    bad.write_text("{")
+    assert main(["tune", str(folder), "--input-data", str(bad), "--out", str(tmp_path / "out2")]) == 2
+    assert f"gebackend tune: --input-data {bad}: not JSON" in capsys.readouterr().err

@@ -11,7 +11,7 @@ import os
 import shutil
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Callable, Iterable
@@ -99,8 +99,6 @@ def references(model: space.TunedModel, peer_found, cores: int) -> list[space.Ca
     base = space.baseline(model, cores)
     if model.backend not in GE_BACKENDS and peer_found is None:
         # a config for Triton's onnxruntime backend, and no such backend here: measure it on ge as it is
-        from dataclasses import replace
-
         from gebackend.tune.config_writer import _message
         from google.protobuf import text_format
 
@@ -126,6 +124,11 @@ def run(settings: TuneSettings, progress: Callable[[str], None] = _stderr) -> tu
     out = Path(settings.out or f"tune-{model.name}-{started.strftime('%Y%m%d-%H%M%S')}")
     out.mkdir(parents=True, exist_ok=True)
     found = peer_mod.find(settings.peer_backend_dir) if settings.peer_backend_dir is not None else None
+    if settings.input_data is not None:  # read once here: a file perf_analyzer cannot use fails before any server
+        from gebackend.tune import requests
+
+        requests.read(settings.input_data)
+        settings = replace(settings, input_data=Path(settings.input_data).resolve())
     slow = slow_rungs(model)
     trim = trims(model, settings.input_data)
     candidates = machine_space(settings, model, slow, trim=bool(trim))
