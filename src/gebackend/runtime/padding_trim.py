@@ -143,11 +143,12 @@ def check(run: Callable[[Tensors], dict], plan: TrimPlan, full_shapes: Mapping[s
                 array[r, ..., n:] = plan.pad
             else:
                 array[r, ..., n:] = 0
-    if plan.cut(feeds) is feeds:
+    cut_feeds = plan.cut(feeds)
+    if cut_feeds is feeds:
         return "the check's inputs (real for a quarter to three eighths of the length) were not cut"
     try:
         whole = run(feeds)
-        cut = run(plan.cut(feeds))
+        cut = run(cut_feeds)
     except GeBackendError as exc:
         return f"the model did not run its cut inputs: {exc}"
     for name, expected in whole.items():
@@ -157,13 +158,14 @@ def check(run: Callable[[Tensors], dict], plan: TrimPlan, full_shapes: Mapping[s
                     f"sequence axis)")
     if reference is not None:
         return _as_close_to_fp32(reference, feeds, whole, cut)
+    from gebackend.compile.accuracy import compare
+
     for name, expected in whole.items():
-        got = cut[name]
-        scale = max(float(np.max(np.abs(expected))) if expected.size else 0.0, 1e-6)
-        diff = float(np.max(np.abs(got.astype(np.float64) - expected))) if expected.size else 0.0
-        if not diff <= _RTOL * scale:
-            return (f"output '{name}' moves by {diff:.3g} (its largest value {scale:.3g}) when the padding is cut: "
-                    f"the model does not ignore its padding")
+        moved = compare(name, expected, cut[name])
+        scale = max(moved.reference_max_abs, 1e-6)
+        if not moved.max_abs_diff <= _RTOL * scale:
+            return (f"output '{name}' moves by {moved.max_abs_diff:.3g} (its largest value {scale:.3g}) when the "
+                    f"padding is cut: the model does not ignore its padding")
     return None
 
 
@@ -209,16 +211,17 @@ def build_trimmed(spec: ModelSpec, build: Callable[[ModelSpec], tuple], log: Cal
     plan = TrimPlan.of(spec)
     path = loosened_model(spec.path, plan, lambda model, p: write_model_copy(model, p, server_temp_parent(), "ge-trim-"))
     executor, how = build(dataclasses.replace(spec, path=path))
-    full = max(full_shapes(spec, plan)[plan.key][-1], 1)
+    whole_shapes = full_shapes(spec, plan)
+    full = max(whole_shapes[plan.key][-1], 1)
     if spec.static:
         router = executor.runner.router
-        plan = TrimPlan.of(spec, fits=lambda shapes: router.plan(shapes) is not None)
+        plan = dataclasses.replace(plan, fits=lambda shapes: router.plan(shapes) is not None)
     if spec.static and not any(n < full for n in plan.lengths):
         reason = (f"the static graph compiles no length of '{plan.key}' shorter than {full}; list shorter ones in "
                   f"graph.ge.dynamicDims")
     else:
         try:
-            reason = check(executor.runner.run, plan, full_shapes(spec, plan), path, reference)
+            reason = check(executor.runner.run, plan, whole_shapes, path, reference)
         except Exception as exc:  # noqa: BLE001 - the check failing is a reason not to cut, never a load failure
             reason = f"the check could not run: {type(exc).__name__}: {exc}"
     if reason is not None:
