@@ -87,7 +87,7 @@ class ServedModel:
         metrics = None
         if hasattr(pb_utils, "MetricFamily"):
             metrics = BackendMetrics(pb_utils, name, instance.executor.runner, instance.load_seconds,
-                                     instance.executor.trim).start()
+                                     instance.executor.trim, warn=pb_utils.Logger.log_warn).start()
         return cls(instance, pb_utils, metrics)
 
     def execute(self, requests: list) -> list:

@@ -19,14 +19,17 @@ may make them).
 from __future__ import annotations
 
 import threading
-from typing import Any
+from typing import Any, Callable
 
 PUBLISH_SECONDS = 1.0
 
 
 class BackendMetrics:
-    def __init__(self, pb_utils: Any, model: str, runner: Any, compile_seconds: float, trimmer: Any = None):
+    def __init__(self, pb_utils: Any, model: str, runner: Any, compile_seconds: float, trimmer: Any = None,
+                 warn: Callable[[str], None] | None = None):
         family = pb_utils.MetricFamily
+        self.model = model
+        self._warn = warn  # where a publisher that stops says why (Triton's log)
         self.runner = runner
         self.trimmer = trimmer  # runtime/padding_trim.Trimmer, or None: its metrics are not registered
         labels = {"model": model}
@@ -69,7 +72,10 @@ class BackendMetrics:
         while not self._stop.wait(interval):
             try:
                 self.update()
-            except Exception:  # tritonserver going away while the model unloads: nothing left to publish to
+            except Exception as exc:  # noqa: BLE001 - e.g. tritonserver going away while the model unloads
+                if not self._stop.is_set() and self._warn is not None:
+                    self._warn(f"{self.model}: gebackend's metrics stopped: publishing them failed "
+                               f"({type(exc).__name__}: {exc}); the model keeps serving, Triton's own metrics go on")
                 return
 
     def close(self) -> None:
