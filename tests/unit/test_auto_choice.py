@@ -80,6 +80,39 @@ def test_the_slow_int8_rule_is_one_rule_for_auto_and_tune(tmp_path):
         "openvino", by_name["int8-static"]) == ""
 
 
+def test_tune_measures_first_what_this_cpu_runs_natively(tmp_path):
+    """tune.tuner.favoured_rungs: int8 with VNNI (NNCF's static int8 first; ONNX Runtime's dynamic int8 only for a
+    MatMul model), then bf16 where OpenVINO reports BF16; on an AVX2-only CPU nothing is favoured."""
+    from gebackend.tune import space as tune_space
+    from gebackend.tune.tuner import favoured_rungs
+
+    by_name = {rung.name: rung for rung in tune_space.PRECISIONS}
+    places = {}
+    for name, build in (("bert", build_bert), ("resnet", build_resnet)):
+        folder = tmp_path / name
+        (folder / "1").mkdir(parents=True)
+        (folder / "config.pbtxt").write_text(f'name: "{name}"\nbackend: "ge"\nmax_batch_size: 4\n')
+        onnx.save(build(), str(folder / "1" / "model.onnx"))
+        model = tune_space.TunedModel.load(folder)
+        for flags, caps in (("vnni", ("BF16", "FP32", "INT8")), ("avx2", ("FP32", "INT8"))):
+            favoured = favoured_rungs(model, VNNI if flags == "vnni" else AVX2, caps)
+            for engine, rung in (("openvino", "int8-static"), ("onnxruntime", "int8"), ("openvino", "bf16"),
+                                 ("onnxruntime", "origin"), ("onnxruntime", "int8-static")):
+                place = favoured(engine, by_name[rung])
+                places[name, flags, engine, rung] = place[0] if place else None
+                if place:
+                    assert place[1]  # always says why
+    assert [places["bert", "vnni", e, r] for e, r in (("openvino", "int8-static"), ("onnxruntime", "int8"),
+                                                       ("openvino", "bf16"))] == [0, 1, 2]
+    assert places["resnet", "vnni", "onnxruntime", "int8"] is None  # dynamic int8 leaves convolutions in fp32
+    assert places["resnet", "vnni", "openvino", "int8-static"] == 0
+    assert all(place is None for (_, flags, _, _), place in places.items() if flags == "avx2")  # no VNNI, no BF16
+    assert all(place is None for (_, _, engine, rung), place in places.items()
+               if (engine, rung) in (("onnxruntime", "origin"), ("onnxruntime", "int8-static")))
+    assert favoured_rungs(model, VNNI, ())("openvino", by_name["int8-static"])[1].startswith(
+        "int8 with avx512_vnni: NNCF's static int8")
+
+
 def test_int8_engine_follows_what_the_model_is_made_of(tmp_path):
     resnet, bert = tmp_path / "resnet.onnx", tmp_path / "bert.onnx"
     onnx.save(build_resnet(), str(resnet))

@@ -12,7 +12,9 @@ dimension's preference order (static before dynamic, one instance with all cores
 delay before 100 us before 500 us, the default engine's exact precision first), so candidates one change away
 from the usual best guess are measured first, and those several changes away last (or never, at the budget).
 A precision on an engine that measured slower than its f32 on this kind of CPU (`slow`, from
-engines/auto_choice.py: NNCF's int8 of a MatMul model without VNNI) comes after every other one.
+engines/auto_choice.py: NNCF's int8 of a MatMul model without VNNI) comes after every other one; those this CPU runs
+natively (`favoured`: int8 with VNNI, bf16 where OpenVINO reports BF16), which won by 2-4x where measured, come before
+the exact one, in the order `favoured` gives, so the usual best guess there is the lowered rung.
 """
 
 from __future__ import annotations
@@ -172,14 +174,18 @@ def instance_layouts(cores: int, concurrency: int) -> list[tuple[int, int]]:
 
 
 Slow = Callable[[str, PrecisionRung], str]  # (engine, rung) -> why it is expected to lose here ("" = not)
+# (engine, rung) -> (its place among the favoured, why this CPU is expected to run it fastest), or None: not favoured
+Favoured = Callable[[str, PrecisionRung], "tuple[int, str] | None"]
 
 
 def numerics(engines: Sequence[str], capabilities: Sequence[str],
              available: Callable[[str], bool] = lambda feature: True,
              table: Sequence[PrecisionRung] = PRECISIONS,
-             slow: Slow = lambda engine, rung: "") -> list[tuple[str, PrecisionRung]]:
-    """(engine, rung) pairs runnable here, in prior order: each rung's preferred engine by the rung's prior, then the
-    rungs on their other engines, then the pairs `slow` gives a reason for (measured last, not left out)."""
+             slow: Slow = lambda engine, rung: "",
+             favoured: Favoured = lambda engine, rung: None) -> list[tuple[str, PrecisionRung]]:
+    """(engine, rung) pairs runnable here, in prior order: the pairs `favoured` places (in its order), then each
+    rung's preferred engine by the rung's prior, then the rungs on their other engines, then the pairs `slow` gives a
+    reason for (measured last, not left out)."""
     pairs = []
     for rung in table:
         if rung.feature and not available(rung.feature):
@@ -189,8 +195,13 @@ def numerics(engines: Sequence[str], capabilities: Sequence[str],
                 continue
             if engine == "openvino" and rung.capability and rung.capability not in capabilities:
                 continue
-            late = 2 * len(table) if slow(engine, rung) else (0 if position == 0 else len(table))
-            pairs.append(((rung.prior + late, list(engines).index(engine)), engine, rung))
+            place = None if slow(engine, rung) else favoured(engine, rung)
+            if place is not None:
+                key = (-1, place[0], 0)
+            else:
+                key = (0, rung.prior + (2 * len(table) if slow(engine, rung) else 0 if position == 0 else len(table)),
+                       list(engines).index(engine))
+            pairs.append((key, engine, rung))
     return [(engine, rung) for _, engine, rung in sorted(pairs, key=lambda p: p[0])]
 
 
@@ -218,12 +229,12 @@ def make_candidate(engine: str, rung: PrecisionRung, static: bool, layout: tuple
 def space(cores: int, engines: Sequence[str], capabilities: Sequence[str], max_batch_size: int, concurrency: int,
           static_ok: bool = True, quick: bool = False, available: Callable[[str], bool] = lambda feature: True,
           table: Sequence[PrecisionRung] = PRECISIONS, slow: Slow = lambda engine, rung: "",
-          trim: bool = False) -> list[Candidate]:
+          trim: bool = False, favoured: Favoured = lambda engine, rung: None) -> list[Candidate]:
     """Every candidate for this machine and model, in prior order (see the module docstring); `quick`: the usual
     best guess and one change of each dimension from it (4-6 candidates). `trim`: every candidate cuts its batches'
     padding (trim_padding), and the static graph, whose batch buckets keep the full length and so cannot cut, comes
     after every dynamic candidate (kept, measured last)."""
-    pairs = numerics(engines, capabilities, available, table, slow)
+    pairs = numerics(engines, capabilities, available, table, slow, favoured)
     graphs = ([False, True] if trim else [True, False]) if static_ok else [False]
     uncut = STATIC_UNCUT_RANK if trim else 0  # the static graph's rank offset when the others cut their padding
     layouts = instance_layouts(cores, concurrency)
@@ -286,5 +297,5 @@ def peer(model: TunedModel, cores: int) -> Candidate:
     return Candidate("peer", scenario, PRECISIONS[0], cores, kind="peer")
 
 
-__all__ = ["DIMENSIONS", "PRECISIONS", "Candidate", "PrecisionRung", "TunedModel", "accuracy_groups", "baseline",
-           "buckets_for", "instance_layouts", "make_candidate", "numerics", "peer", "space"]
+__all__ = ["DIMENSIONS", "PRECISIONS", "Candidate", "Favoured", "PrecisionRung", "TunedModel", "accuracy_groups",
+           "baseline", "buckets_for", "instance_layouts", "make_candidate", "numerics", "peer", "space"]
