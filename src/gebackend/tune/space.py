@@ -264,7 +264,10 @@ def _quick(pairs, graphs, layouts, delays, max_batch_size: int, cores: int, trim
         out.append(make(lay=1))
     if len(delays) > 1:
         out.append(make(d=1))
-    seen_engines: set[str] = set()
+    guess_engine, guess_rung = pairs[0]
+    if guess_rung.name != "origin":  # a favoured lowered guess: the exact rung too, the accuracy guard may reject it
+        out.append(make(p=next(p for p, (_, rung) in enumerate(pairs) if rung.name == "origin")))
+    seen_engines: set[str] = {guess_engine} if guess_rung.name != "origin" else set()
     for p, (engine, rung) in enumerate(pairs):  # the first lowered precision on each engine
         if rung.name != "origin" and engine not in seen_engines and len(out) < 6:
             seen_engines.add(engine)
