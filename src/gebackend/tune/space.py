@@ -195,11 +195,12 @@ def numerics(engines: Sequence[str], capabilities: Sequence[str],
                 continue
             if engine == "openvino" and rung.capability and rung.capability not in capabilities:
                 continue
-            place = None if slow(engine, rung) else favoured(engine, rung)
+            late = slow(engine, rung)
+            place = None if late else favoured(engine, rung)
             if place is not None:
                 key = (-1, place[0], 0)
             else:
-                key = (0, rung.prior + (2 * len(table) if slow(engine, rung) else 0 if position == 0 else len(table)),
+                key = (0, rung.prior + (2 * len(table) if late else 0 if position == 0 else len(table)),
                        list(engines).index(engine))
             pairs.append((key, engine, rung))
     return [(engine, rung) for _, engine, rung in sorted(pairs, key=lambda p: p[0])]

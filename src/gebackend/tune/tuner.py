@@ -7,6 +7,7 @@ config.pbtxt.orig).
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import sys
@@ -45,8 +46,10 @@ def installed_engines() -> tuple[str, ...]:
     return tuple(n for n in registry.names() if registry.installed(n))
 
 
-def capabilities(engines: Iterable[str]) -> tuple[str, ...]:
-    """OpenVINO's CPU capabilities (OPTIMIZATION_CAPABILITIES) where it is installed, else none."""
+@functools.cache
+def capabilities(engines: tuple[str, ...]) -> tuple[str, ...]:
+    """OpenVINO's CPU capabilities (OPTIMIZATION_CAPABILITIES) where it is installed, else none; read once per
+    process (the space and the favoured order both ask)."""
     if "openvino" not in engines:
         return ()
     try:
