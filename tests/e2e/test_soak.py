@@ -17,6 +17,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from gebackend.server.watchdog import stub_identity
+
 pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -74,7 +76,8 @@ def stub_of(root: psutil.Process, model: str) -> psutil.Process | None:
             argv = child.cmdline()
         except psutil.Error:
             continue
-        if argv and argv[0].endswith("triton_python_backend_stub") and f"/{model}/1/" in argv[1]:
+        identity = stub_identity(argv)  # None for a stub caught mid-exec, whose command line is not all there yet
+        if identity is not None and identity[0] == model:
             return child
     return None
 
