@@ -37,6 +37,10 @@ def test_static_models_log_compilation_and_doctor(server):
     assert re.search(r"model 'bert_ge_static': graph doctor: ", out)
     assert re.search(r"model 'resnet_ge_static' instance .* static graph, buckets \[image:\[1, 3, 64, 64\] \| image:\[2, 3, 64, 64\] "
                      r"\| image:\[4, 3, 64, 64\] \| image:\[8, 3, 64, 64\]\]", out)
+    # In its stub the buckets share one ONNX Runtime thread pool (shared_thread_pool=auto), spinning as ORT's default
+    loaded = re.search(r"model 'resnet_ge_static' instance '[^']+' loaded .*", out).group(0)
+    assert re.search(r"intra_op_threads=\S+ on one thread pool shared by the buckets", loaded)
+    assert "force_spinning_stop" not in loaded
     # Pad or split is measured per bucket at load (runtime/bucket_costs.py), and said.
     assert re.search(r"model 'resnet_ge_static': bucket run costs measured at load: \[image:1,3,64,64\] [0-9.]+ ms, "
                      r"\[image:2,3,64,64\] [0-9.]+ ms, \[image:4,3,64,64\] [0-9.]+ ms, \[image:8,3,64,64\] [0-9.]+ ms; ", out)

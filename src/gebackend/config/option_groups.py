@@ -34,6 +34,10 @@ class OrtSessionOptions:
     # ORT's session.force_spinning_stop: intra-op threads stop spinning as soon as a run returns ("on"), or spin on
     # for a while after it ("off"); "auto": ORT's default (off)
     force_spinning_stop: str = "auto"
+    # static graphs on the CPU: every bucket's session runs on one intra-op thread pool of the process (ORT's global
+    # pool) instead of one pool each, so the pools neither steal cores from each other nor need to stop spinning when a
+    # run returns ("on"); "off": a pool per bucket, spinning only within a run; "auto": engines/onnxruntime_static.py
+    shared_thread_pool: str = "auto"
 
 
 @dataclass(frozen=True)

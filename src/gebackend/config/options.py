@@ -202,6 +202,7 @@ _KEYS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "disable_prepacking": ("disable_prepacking", _bool),
     "allow_spinning": ("allow_spinning", _auto_bool),
     "force_spinning_stop": ("force_spinning_stop", _auto_bool),
+    "shared_thread_pool": ("shared_thread_pool", _auto_bool),
     "hang_timeout_s": ("hang_timeout_s", _non_negative_seconds),
     "device_ids": ("device_ids", _device_ids),
     "device_exec_blocks": ("device_exec_blocks", _exec_blocks),

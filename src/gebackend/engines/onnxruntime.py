@@ -3,6 +3,7 @@ the registry (the static engine lives in `onnxruntime_static.py`)."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Mapping, Sequence
 
@@ -50,9 +51,43 @@ def disabled_optimizers(options: OrtSessionOptions, static: bool, device: str = 
     return list(STATIC_CPU_DISABLED_OPTIMIZERS) if static and device == "cpu" else []
 
 
+#: The intra-op threads of this process's shared thread pool (ONNX Runtime's global pool), once it is made; None:
+#: every session has a pool of its own. Once it exists, ONNX Runtime refuses any session in the process that asks
+#: for a pool of its own, so every session made here (`session_options`, `internal_options`) runs on it.
+_shared_pool_threads: int | None = None
+
+
+def share_thread_pool(threads: int) -> int:
+    """Make every session of this process run on one intra-op thread pool of `threads` threads (0: ONNX Runtime's
+    default, one per core). Once per process: a second call keeps the pool the first made; returns its size."""
+    global _shared_pool_threads
+    if _shared_pool_threads is None:
+        ort_state.set_global_thread_pool_sizes(int(threads), 1)
+        _shared_pool_threads = int(threads)
+    return _shared_pool_threads
+
+
+def owns_process() -> bool:
+    """Whether this process is a Triton backend stub, which Triton starts for one model instance alone: there a
+    setting for the whole process (the shared thread pool) is the instance's to make. Elsewhere (tests, the bench's
+    in-process runs, a library user) `shared_thread_pool=auto` leaves every session its own pool."""
+    return "triton_python_backend_utils" in sys.modules
+
+
+def shared_thread_pool() -> int | None:
+    """The size of this process's shared thread pool (0: ONNX Runtime's default), or None when there is none."""
+    return _shared_pool_threads
+
+
+def _on_the_pool(so: ort.SessionOptions) -> ort.SessionOptions:
+    if _shared_pool_threads is not None:
+        so.use_per_session_threads = False
+    return so
+
+
 def session_options(options: OrtSessionOptions) -> ort.SessionOptions:
     """Translate our options into ONNX Runtime's, as Triton's onnxruntime_backend names them."""
-    so = ort.SessionOptions()
+    so = _on_the_pool(ort.SessionOptions())
     so.intra_op_num_threads = options.intra_op_thread_count
     so.inter_op_num_threads = options.inter_op_thread_count
     so.execution_mode = (
@@ -91,7 +126,7 @@ def internal_options(optimize: bool = True, threads: int | None = None, spinning
                      config: Mapping[str, str] | None = None) -> ort.SessionOptions:
     """Session options for gebackend's own runs (constant evaluation, the doctor, dumps, accuracy checks): errors
     only in the log; `optimize=False` runs the graph as written; `threads`/`spinning` when the caller decides them."""
-    so = ort.SessionOptions()
+    so = _on_the_pool(ort.SessionOptions())
     so.log_severity_level = 3
     if not optimize:
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
