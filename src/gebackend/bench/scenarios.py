@@ -64,6 +64,7 @@ class Scenario:
     notes: str = ""
     ensemble: bool = False  # served as the encoder of the model's CN_CLIP ensemble (`NAME+ensemble`)
     trim_padding: bool = False  # ge: trim_padding on the model's token-id input (models without one: not available)
+    options: tuple[tuple[str, str], ...] = ()  # ge: further backend options, as config.pbtxt parameters
 
     @property
     def is_ge(self) -> bool:
@@ -110,8 +111,12 @@ def _ladder() -> list[Scenario]:
     trim_pinned = replace(dyn_pinned, name="ge_trim_pinned", title="ge_dyn_pinned + trim_padding", trim_padding=True)
     int8_trim = replace(dyn_pinned, name="ge_int8_trim", title="ge_dyn_pinned + int8 (onnxruntime dynamic) + trim_padding",
                         precision="int8", trim_padding=True, requires=("pinning", "precision", "int8"))
+    # The static graph's buckets each on a thread pool of their own, spinning only within a run (the default before
+    # shared_thread_pool), beside ge_static's one pool shared by the buckets
+    own_pools = replace(static, name="ge_static_own_pools", title="ge_static, a thread pool per bucket (shared_thread_pool=off)",
+                        options=(("shared_thread_pool", "off"),))
     return [naive, dynamic, static, batching, pinned, bf16, int8, openvino, delay, dyn_batching, dyn_pinned,
-            int8_static, openvino_int8, trim, trim_pinned, int8_trim]
+            int8_static, openvino_int8, trim, trim_pinned, int8_trim, own_pools]
 
 
 def _peers(batching: Scenario) -> list[Scenario]:
@@ -255,6 +260,7 @@ def parameters(model: BenchModel, scenario: Scenario) -> dict[str, str]:
         params["quantization"] = scenario.quantization
     if scenario.trim_padding and model.token_input is not None:
         params["trim_padding"] = model.token_input
+    params.update(scenario.options)
     return params
 
 
