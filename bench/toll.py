@@ -9,6 +9,8 @@ One server, one run, every layer measured in the same interleaved rounds (concur
   ge_1thread  the same with intra_op_thread_count=1 (no intra-op thread pool)
   ge_nospin   the same with allow_spinning=off (the pool's threads sleep between runs instead of spinning)
   ge_static   backend "ge", static_model=1 with batch buckets 1/2/4/8
+  peer        Triton's C++ onnxruntime backend on the same ONNX file, where one is installed or built (`make peer`,
+              --peer-backend-dir; gebackend.bench.peer): the yardstick, with no stub in between
 
 For each: the client's p50 (tritonclient gRPC, one request at a time) and, from Triton's per-model statistics
 (gebackend.bench.triton_stats), the server's compute_infer per request (the Python backend's execute round trip as
@@ -20,9 +22,13 @@ execute (validation, grouping, heartbeat). The differences are the toll of each 
   ours (bridge)    ge compute_infer - null compute_infer - instance.execute
   ours (instance)  instance.execute - engine
 
+Where the peer ran, each row also says how far its client p50 and its compute_infer are from the peer's: what the
+issue's "p50 within the peer's + 0.2 ms" is measured on, split into the layers above.
+
 Writes toll.json, toll.md and toll.png into --out and prints the table. Never asserted anywhere: read as ratios.
 
     .venv/bin/python bench/toll.py [--models tiny,resnet_small] [--rounds 5] [--requests 300] [--out bench/results/toll]
+                                   [--peer-backend-dir DIR]
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
+from gebackend.bench import peer as bench_peer
 from gebackend.bench import runner as bench_runner
 from gebackend.bench import server as bench_server
 from gebackend.bench import triton_stats
@@ -85,8 +92,9 @@ def _tensor_lines(kind: str, tensors, batched: bool) -> str:
     return f"{kind} [ {', '.join(entries)} ]\n"
 
 
-def build_repository(repo: Path, name: str, model: onnx.ModelProto) -> tuple[dict[str, Path], dict[str, np.ndarray]]:
-    """The four models of one ONNX file, and the request they all get."""
+def build_repository(repo: Path, name: str, model: onnx.ModelProto,
+                     with_peer: bool = False) -> tuple[dict[str, Path], dict[str, np.ndarray]]:
+    """The layers' models of one ONNX file (the peer's too, `with_peer`), and the request they all get."""
     path = repo / "_source" / f"{name}.onnx"
     path.parent.mkdir(parents=True, exist_ok=True)
     onnx.save(model, str(path))
@@ -106,6 +114,8 @@ def build_repository(repo: Path, name: str, model: onnx.ModelProto) -> tuple[dic
         "ge_nospin": 'backend: "ge"\nmax_batch_size: 8\n' + PARAMETER % ("allow_spinning", "off"),
         "ge_static": 'backend: "ge"\nmax_batch_size: 8\n' + STATIC % (shape, dims),
     }
+    if with_peer:  # the peer's defaults, as its users write it (no batcher: one request at a time here anyway)
+        configs["peer"] = f'backend: "{bench_peer.BACKEND}"\nmax_batch_size: 8\n{io}'
     dirs = {}
     for layer, config in configs.items():
         model_dir = repo / f"{name}_{layer}"
@@ -137,10 +147,11 @@ def _client_round(client, model: str, inputs, requests: int) -> list[float]:
     return times
 
 
-def measure_server(repo: Path, models: dict[str, tuple[dict, dict]], rounds: int, requests: int, log: Path) -> dict:
+def measure_server(repo: Path, models: dict[str, tuple[dict, dict]], rounds: int, requests: int, log: Path,
+                   peer: bench_peer.Peer | None = None) -> dict:
     import tritonclient.grpc as grpcclient
 
-    server = bench_server.start(repo, log)
+    server = bench_server.start(repo, log, extra_backends=peer.extra_backends if peer is not None else None)
     try:
         if server.failures():
             raise SystemExit(f"toll: models failed to load: {server.failures()}")
@@ -214,7 +225,8 @@ def summarise(name: str, server: dict, inprocess: dict) -> list[dict]:
     """One row per layer: medians over rounds (and half the range), and the toll derived from them."""
     null = _median(server[f"{name}_null"]["compute_infer_us"])
     rows = []
-    for layer in ("null", "naive", *GE_LAYERS):
+    peer = server.get(f"{name}_peer")
+    for layer in ("null", "naive", *GE_LAYERS, *(("peer",) if peer else ())):
         entry = server[f"{name}_{layer}"]
         row = {"model": name, "layer": layer,
                "client_p50_us": _median(entry["client_p50_us"]), "client_spread_us": _spread(entry["client_p50_us"]),
@@ -226,6 +238,9 @@ def summarise(name: str, server: dict, inprocess: dict) -> list[dict]:
             row["toll_stub_us"] = null
             row["toll_bridge_us"] = row["compute_infer_us"] - null - inner["instance"]
             row["toll_instance_us"] = inner["instance"] - inner["engine"]
+        if peer:
+            row["over_peer_p50_us"] = row["client_p50_us"] - _median(peer["client_p50_us"])
+            row["over_peer_compute_us"] = row["compute_infer_us"] - _median(peer["compute_infer_us"])
         rows.append(row)
     return rows
 
@@ -234,16 +249,24 @@ def _fmt(value) -> str:
     return "" if value is None else f"{value:.0f}"
 
 
+def _signed(value) -> str:
+    return "" if value is None else f"{value:+.0f}"
+
+
 def write_report(rows: list[dict], out: Path, meta: dict) -> str:
     lines = [f"Machine: {meta['machine']}; {meta['rounds']} rounds x {meta['requests']} requests per layer, "
              "interleaved; medians (± half the range of the per-round medians), microseconds.", "",
              "| model | layer | client p50 | server compute_infer | engine | runner | instance.execute "
-             "| stub transport | ours: bridge | ours: instance |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| stub transport | ours: bridge | ours: instance | p50 − peer's | compute − peer's |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         lines.append(f"| {r['model']} | {r['layer']} | {_fmt(r['client_p50_us'])} ± {_fmt(r['client_spread_us'])} "
                      f"| {_fmt(r['compute_infer_us'])} ± {_fmt(r['compute_spread_us'])} | {_fmt(r.get('engine_us'))} "
                      f"| {_fmt(r.get('runner_us'))} | {_fmt(r.get('instance_us'))} | {_fmt(r.get('toll_stub_us'))} "
-                     f"| {_fmt(r.get('toll_bridge_us'))} | {_fmt(r.get('toll_instance_us'))} |")
+                     f"| {_fmt(r.get('toll_bridge_us'))} | {_fmt(r.get('toll_instance_us'))} "
+                     f"| {_signed(r.get('over_peer_p50_us'))} | {_signed(r.get('over_peer_compute_us'))} |")
+    if not any("over_peer_p50_us" in r for r in rows):
+        lines.append(f"\nNo peer: {meta.get('peer') or 'not looked for'}")
     text = "\n".join(lines) + "\n"
     (out / "toll.md").write_text(text)
     (out / "toll.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
@@ -281,20 +304,27 @@ def main(argv=None) -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--requests", type=int, default=300)
     parser.add_argument("--out", type=Path, default=Path("bench/results/toll"))
+    parser.add_argument("--peer-backend-dir", type=Path, metavar="DIR",
+                        help="Triton's onnxruntime backend (as for gebackend bench); default: $GE_PEER_BACKEND_DIR or "
+                             "NGC's /opt/tritonserver/backends where present, else no peer row")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
+    peer, no_peer = bench_peer.lookup(args.peer_backend_dir)
+    if peer is None and args.peer_backend_dir is not None:
+        raise SystemExit(f"toll: {no_peer}")
     work = Path(tempfile.mkdtemp(prefix="gebackend-toll-"))
     try:
-        models = {name: build_repository(work / "repo", name, proto)
+        models = {name: build_repository(work / "repo", name, proto, with_peer=peer is not None)
                   for name, proto in _models(args.models.split(",")).items()}
-        server = measure_server(work / "repo", models, args.rounds, args.requests, args.out / "server.log")
+        server = measure_server(work / "repo", models, args.rounds, args.requests, args.out / "server.log", peer)
         rows = []
         for name, (dirs, feeds) in models.items():
             inprocess = {layer: measure_in_process(dirs[layer], feeds, args.rounds, args.requests)
                          for layer in GE_LAYERS}
             rows += summarise(name, server, inprocess)
         meta = {"machine": bench_runner.machine(), "rounds": args.rounds, "requests": args.requests,
-                "loadavg": bench_runner._loadavg()}
+                "loadavg": bench_runner._loadavg(),
+                "peer": str(peer.library) if peer is not None else no_peer}
         print(write_report(rows, args.out, meta))
     finally:
         shutil.rmtree(work, ignore_errors=True)
