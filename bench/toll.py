@@ -226,6 +226,8 @@ def summarise(name: str, server: dict, inprocess: dict) -> list[dict]:
     null = _median(server[f"{name}_null"]["compute_infer_us"])
     rows = []
     peer = server.get(f"{name}_peer")
+    if peer:
+        peer_p50, peer_compute = _median(peer["client_p50_us"]), _median(peer["compute_infer_us"])
     for layer in ("null", "naive", *GE_LAYERS, *(("peer",) if peer else ())):
         entry = server[f"{name}_{layer}"]
         row = {"model": name, "layer": layer,
@@ -239,8 +241,8 @@ def summarise(name: str, server: dict, inprocess: dict) -> list[dict]:
             row["toll_bridge_us"] = row["compute_infer_us"] - null - inner["instance"]
             row["toll_instance_us"] = inner["instance"] - inner["engine"]
         if peer:
-            row["over_peer_p50_us"] = row["client_p50_us"] - _median(peer["client_p50_us"])
-            row["over_peer_compute_us"] = row["compute_infer_us"] - _median(peer["compute_infer_us"])
+            row["over_peer_p50_us"] = row["client_p50_us"] - peer_p50
+            row["over_peer_compute_us"] = row["compute_infer_us"] - peer_compute
         rows.append(row)
     return rows
 
