@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -44,6 +45,29 @@ def test_static_models_log_compilation_and_doctor(server):
     # Pad or split is measured per bucket at load (runtime/bucket_costs.py), and said.
     assert re.search(r"model 'resnet_ge_static': bucket run costs measured at load: \[image:1,3,64,64\] [0-9.]+ ms, "
                      r"\[image:2,3,64,64\] [0-9.]+ ms, \[image:4,3,64,64\] [0-9.]+ ms, \[image:8,3,64,64\] [0-9.]+ ms; ", out)
+
+
+def test_a_batch_size_measured_faster_unspecialised_runs_on_the_dynamic_graph(server, repository):
+    """Buckets 2 and 4 only: timed at load, one row runs faster on the dynamic graph than padded to bucket 2 (half
+    its compute is padding), so it runs there, unpadded, and the metrics count it under bucket="dynamic"."""
+    from .test_profiling import metric, scrape, scrape_when
+
+    out = server.output()
+    line = re.search(r"model 'resnet_ge_static_gaps': bucket run costs measured at load: .*", out).group(0)
+    assert re.search(r"; run whole on the dynamic graph, measured faster: 1 \([0-9.]+ ms against [0-9.]+\)", line), line
+    loaded = re.search(r"model 'resnet_ge_static_gaps' instance '[^']+' loaded .*", out).group(0)
+    assert re.search(r"buckets \[image:\[2, 3, 64, 64\] \| image:\[4, 3, 64, 64\]\], fallback=error, batch sizes "
+                     r"1(,[0-9])* on the dynamic graph", loaded), loaded
+    time.sleep(1.5)  # what earlier tests ran is published
+    before = scrape(server)
+    runs, padded = (metric(before, "gebackend_bucket_runs_total", model="resnet_ge_static_gaps", bucket="dynamic"),
+                    metric(before, "gebackend_padded_rows_total", model="resnet_ge_static_gaps"))
+    feeds = example_feeds("resnet", np.random.default_rng(5), batch=1)
+    assert_same(infer(server, "http", "resnet_ge_static_gaps", feeds), reference(repository, "resnet_ge", feeds))
+    after = scrape_when(server, lambda t: metric(t, "gebackend_bucket_runs_total", model="resnet_ge_static_gaps",
+                                                 bucket="dynamic") > runs)
+    assert metric(after, "gebackend_bucket_runs_total", model="resnet_ge_static_gaps", bucket="dynamic") == runs + 1
+    assert metric(after, "gebackend_padded_rows_total", model="resnet_ge_static_gaps") == padded  # nothing padded
 
 
 def test_buckets_with_dynamic_batching_under_concurrency(server, repository):

@@ -91,3 +91,23 @@ def test_a_publisher_failing_while_the_model_unloads_stays_quiet():
     thread.start()
     thread.join(5)
     assert said == []
+
+
+def test_runs_on_the_dynamic_graph_count_under_bucket_dynamic():
+    from gebackend.runtime.buckets import DYNAMIC
+
+    pb = _PbUtils()
+    router = SimpleNamespace(describe=lambda: ["x:[1, 4]", "x:[4, 4]"], costs=[0.001, 0.003],
+                             dynamic_rows={(("x", (4,)),): (3,)})
+    runner = SimpleNamespace(router=router, runs_per_bucket={}, rows=0, padded_rows=0, fallback_runs=0)
+    metrics = BackendMetrics(pb, "m", runner, 0.0)
+    runner.runs_per_bucket = {0: 2, DYNAMIC: 3}
+    runner.rows = 11
+    metrics.update()
+
+    def runs(bucket):
+        return pb.metrics[("gebackend_bucket_runs_total", (("bucket", bucket), ("model", "m")))].value
+
+    assert (runs("x:[1, 4]"), runs("x:[4, 4]"), runs("dynamic")) == (2, 0, 3)
+    assert ("gebackend_bucket_run_seconds", (("bucket", "dynamic"), ("model", "m"))) not in pb.metrics
+    assert pb.metrics[("gebackend_bucket_run_seconds", (("bucket", "x:[4, 4]"), ("model", "m")))].value == 0.003

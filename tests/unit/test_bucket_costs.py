@@ -51,7 +51,7 @@ class Timed:
 def test_each_bucket_runs_on_zeros_round_robin_and_keeps_its_least_time(resnet):
     spec = _spec(resnet)
     engine = Timed([1.0, 2.0, 4.0, 8.0], spikes={1, 6})  # round 1 bucket 0 and round 2 bucket 1 are disturbed
-    costs = bucket_costs.measure(engine, spec, ["logits"], rounds=3, clock=engine.clock)
+    costs, _ = bucket_costs.measure(engine, spec, ["logits"], rounds=3, clock=engine.clock)
     assert costs == [1.0, 2.0, 4.0, 8.0]
     assert [i for i, _, _ in engine.ran] == [0, 1, 2, 3] * 3
     assert [shapes["image"] for _, shapes, _ in engine.ran[:4]] == [(b, 3, 64, 64) for b in (1, 2, 4, 8)]
@@ -65,7 +65,7 @@ def test_a_smaller_bucket_never_costs_more_than_a_larger_one(resnet):
 
     spec = _spec(resnet)
     engine = Timed([1.0, 2.0, 4.0, 8.0], spikes={1, 5, 9})  # bucket 0's run in each of the 3 rounds
-    costs = bucket_costs.measure(engine, spec, ["logits"], rounds=3, clock=engine.clock)
+    costs, _ = bucket_costs.measure(engine, spec, ["logits"], rounds=3, clock=engine.clock)
     assert costs == [2.0, 2.0, 4.0, 8.0]
     assert batch_plan(1, [1, 2, 4, 8], costs) == [0]
     assert bucket_costs.monotone(spec, [1.0, 3.0, 2.5, 8.0]) == [1.0, 2.5, 2.5, 8.0]
@@ -111,3 +111,137 @@ def test_a_static_model_loads_with_its_costs_and_answers_as_the_dynamic_graph(re
     finally:
         executor.close()
         dynamic.close()
+
+
+class TimedDynamic:
+    """A dynamic engine on the static one's fake clock: a run of n rows takes `per_row * n + fixed`."""
+
+    def __init__(self, timed, per_row=1.0, fixed=0.0, fail=False):
+        self.timed, self.per_row, self.fixed, self.fail, self.ran = timed, per_row, fixed, fail, []
+
+    def run(self, feeds, output_names):
+        if self.fail:
+            raise RuntimeError("zeros are no valid input here")
+        rows = feeds["image"].shape[0]
+        self.ran.append(rows)
+        self.timed.ran.append(("dynamic", rows))
+        self.timed.now += self.per_row * rows + self.fixed
+        return [np.zeros(rows)]
+
+
+def test_the_dynamic_graph_is_timed_at_every_batch_size_in_the_same_rounds(resnet):
+    spec = _spec(resnet)
+    engine = Timed([1.5, 2.5, 4.5, 8.5])
+    dynamic = TimedDynamic(engine, per_row=1.0, fixed=0.25)
+    costs, dynamic_costs = bucket_costs.measure(engine, spec, ["logits"], dynamic, rounds=2, clock=engine.clock)
+    assert costs == [1.5, 2.5, 4.5, 8.5]
+    key = (("image", (3, 64, 64)),)
+    assert dynamic_costs == {key: {n: n + 0.25 for n in range(1, 9)}}
+    one_round = [0, 1, 2, 3] + [("dynamic", n) for n in range(1, 9)]  # buckets and dynamic sizes alternate by round
+    assert [r if r[0] == "dynamic" else r[0] for r in engine.ran] == one_round * 2
+    assert bucket_costs.measure(engine, spec, ["logits"], None, clock=engine.clock)[1] == {}
+
+
+def test_a_dynamic_graph_that_fails_on_zeros_leaves_the_bucket_costs(resnet):
+    engine = Timed([1.0, 2.0, 4.0, 8.0])
+    costs, dynamic_costs = bucket_costs.measure(engine, _spec(resnet), ["logits"], TimedDynamic(engine, fail=True),
+                                                clock=engine.clock)
+    assert costs == [1.0, 2.0, 4.0, 8.0] and dynamic_costs == {}
+
+
+def test_a_dynamic_graph_whose_outputs_the_data_sizes_is_no_candidate(resnet):
+    """NonZero's count is no batch: the dynamic runner could not cut such an output back per request."""
+    engine = Timed([1.0, 2.0, 4.0, 8.0])
+    dynamic = TimedDynamic(engine)
+    dynamic_run = dynamic.run
+    dynamic.run = lambda feeds, names: [np.zeros((0, 2))] if feeds["image"].shape[0] == 5 else dynamic_run(feeds, names)
+    costs, dynamic_costs = bucket_costs.measure(engine, _spec(resnet), ["logits"], dynamic, clock=engine.clock)
+    assert costs == [1.0, 2.0, 4.0, 8.0] and dynamic_costs == {}
+
+
+def test_the_load_line_names_the_batch_sizes_run_on_the_dynamic_graph(resnet):
+    spec = _spec(resnet)
+    key = (("image", (3, 64, 64)),)
+    costs, dynamic = [0.0011, 0.0021, 0.0041, 0.0081], {key: {3: 0.0029, 7: 0.0070}}
+    line = bucket_costs.describe(spec, costs, dynamic, {key: (3, 7)})
+    assert line.endswith("; batches split instead of padded: 5 as 4+1, 6 as 4+2; run whole on the dynamic graph, "
+                         "measured faster: 3 (2.90 ms against 3.20), 7 (7.00 ms against 8.10)")
+    assert bucket_costs.describe(spec, costs, dynamic, {}).endswith("; the dynamic graph was faster at no batch size")
+
+
+def _measured_as(monkeypatch, dynamic_wins_at):
+    """Loads time the dynamic graph as 1 ms a row and the buckets as 1.5 ms a row, except where it should lose."""
+    calls = []
+
+    def fake(engine, spec, output_names, dynamic=None, rounds=3, clock=None):
+        calls.append(dynamic)
+        key = bucket_costs.batch_and_inner(spec.static_shapes[0])[1]
+        costs = [0.0015 * b for b in (1, 2, 4, 8)]
+        by_rows = {n: (0.001 if n in dynamic_wins_at else 0.1) * n for n in range(1, 9)}
+        return costs, ({key: by_rows} if dynamic is not None else {})
+
+    monkeypatch.setattr(bucket_costs, "measure", fake)
+    return calls
+
+
+def test_a_static_model_runs_the_batch_sizes_measured_faster_on_a_dynamic_session(resnet, monkeypatch):
+    from gebackend.runtime.buckets import DYNAMIC
+
+    calls = _measured_as(monkeypatch, dynamic_wins_at={3, 5})
+    log: list[str] = []
+    executor, how = load_executor(_spec(resnet), log=log.append)
+    dynamic, _ = load_executor(build_model_spec({"name": "m", "max_batch_size": 8}, read_signature(resnet), resnet,
+                                                BackendOptions()))
+    try:
+        runner = executor.runner
+        assert calls[0] is not None and runner.dynamic is calls[0] and runner.fallback is None
+        assert "batch sizes 3,5 on the dynamic graph" in how
+        assert any("run whole on the dynamic graph, measured faster: 3 (3.00 ms against 4.50), 5 (5.00 ms" in m
+                   for m in log)
+        rng = np.random.default_rng(1)
+        for rows in (3, 4, 5):
+            requests = [{"image": rng.standard_normal((1, 3, 64, 64)).astype(np.float32)} for _ in range(rows)]
+            for g, w in zip(executor.execute(requests), dynamic.execute(requests)):
+                np.testing.assert_allclose(g["logits"], w["logits"], rtol=1e-4, atol=1e-5)
+        assert runner.runs_per_bucket[DYNAMIC] == 2 and runner.runs_per_bucket[2] == 1  # 3 and 5; 4 on bucket 4
+    finally:
+        executor.close()
+        dynamic.close()
+
+
+def test_a_dynamic_session_that_wins_nothing_is_closed_and_buckets_only_makes_none(resnet, monkeypatch):
+    from gebackend.runtime import loader
+
+    calls = _measured_as(monkeypatch, dynamic_wins_at=set())
+    closed, made = [], []
+
+    def create_engine(spec, providers):
+        engine = real(spec, providers)
+        made.append(engine)
+        engine.close = lambda: closed.append(engine)  # (an ONNX Runtime session holds nothing else to free)
+        return engine
+
+    real = loader.create_engine
+    monkeypatch.setattr(loader, "create_engine", create_engine)
+    executor, how = load_executor(_spec(resnet))
+    try:
+        assert calls == made and executor.runner.dynamic is None and "on the dynamic graph" not in how
+        assert closed == made  # closed at load: it won no batch size
+        assert executor.runner.engines() == [executor.runner.engine]
+    finally:
+        executor.close()
+    assert closed == made  # and not again
+    buckets_only, _ = load_executor(_spec(resnet, bucket_plan="buckets"))
+    try:
+        assert calls[1] is None and len(made) == 1 and buckets_only.runner.router.costs is not None
+    finally:
+        buckets_only.close()
+
+
+def test_with_the_dynamic_fallback_the_same_session_is_timed_and_kept(resnet, monkeypatch):
+    calls = _measured_as(monkeypatch, dynamic_wins_at=set())
+    executor, _ = load_executor(_spec(resnet, bucket_fallback="dynamic"))
+    try:
+        assert calls[0] is executor.runner.fallback and executor.runner.dynamic is None
+    finally:
+        executor.close()

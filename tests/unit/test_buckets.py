@@ -7,7 +7,7 @@ import pytest
 
 from gebackend.engines.base import Engine, EngineInputError, StaticEngine
 from gebackend.errors import InvalidRequest
-from gebackend.runtime.buckets import BucketRouter, Chunk, cheapest_cover
+from gebackend.runtime.buckets import DYNAMIC, BucketRouter, Chunk, cheapest_cover, inner_key
 from gebackend.runtime.runners import BucketRunner
 
 IMAGE_BUCKETS = [{"image": (b, 3, 8, 8)} for b in (1, 2, 4, 8)] + [{"image": (2, 3, 16, 16)}]
@@ -178,15 +178,63 @@ def test_bucket_runner_error_names_shapes_sent_and_compiled():
     assert "model 'm'" in message and "image:[1, 3, 12, 12]" in message and "image:[8, 3, 8, 8]" in message
 
 
-def test_bucket_runner_falls_back_to_dynamic_engine():
-    class Dynamic(Engine):
-        def run(self, feeds, output_names):
-            return [np.full((feeds["image"].shape[0], 2), 7.0)]
+class Dynamic(Engine):
+    """A fake dynamic engine: logits = 7 per row, and how many rows each run had."""
 
+    def __init__(self):
+        self.calls = []
+
+    def run(self, feeds, output_names):
+        self.calls.append(feeds["image"].shape[0])
+        return [np.full((feeds["image"].shape[0], 2), 7.0)]
+
+
+def test_bucket_runner_falls_back_to_dynamic_engine():
     runner = BucketRunner("m", image_router(), RowSum(IMAGE_BUCKETS), ["logits"], fallback=Dynamic())
     out = runner.run({"image": np.zeros((1, 3, 12, 12), np.float32)})
     assert runner.fallback_runs == 1
     np.testing.assert_array_equal(out["logits"], np.full((1, 2), 7.0))
+
+
+SMALL = inner_key({"image": (1, 3, 8, 8)})  # the 8x8 buckets' shapes without the batch axis
+
+
+def dynamic_router(dynamic_costs, costs=LINEAR_COSTS):
+    return BucketRouter(IMAGE_BUCKETS, True, {"image": [None, None, None]}, {"logits": [None]}, costs=costs,
+                        dynamic_costs=dynamic_costs)
+
+
+def test_a_batch_size_measured_faster_on_the_dynamic_graph_runs_there_whole():
+    # Plans from LINEAR_COSTS: 3 as 2+1 (3.2), 5 as 4+1 (5.2), 7 padded to 8 (8.1), 4 exact (4.1)
+    router = dynamic_router({SMALL: {3: 2.9, 4: 4.0, 5: 5.0, 7: 7.6, 9: 1.0}})
+    assert router.dynamic_rows == {SMALL: (3, 7)}  # 4 and 5: within the 5 % margin; 9: above the largest bucket
+    assert router.plan({"image": (3, 3, 8, 8)}) == [Chunk(DYNAMIC, 0, 3)]
+    assert router.plan({"image": (7, 3, 8, 8)}) == [Chunk(DYNAMIC, 0, 7)]
+    assert [(c.bucket, c.rows) for c in router.plan({"image": (5, 3, 8, 8)})] == [(2, 4), (0, 1)]
+    assert [(c.bucket, c.rows) for c in router.plan({"image": (3, 3, 16, 16)})] == [(4, 2), (4, 1)]  # other shape
+    assert router.plan({"image": (3, 3, 12, 12)}) is None  # fits nothing: still the fallback's (or a 400)
+
+
+def test_without_bucket_costs_or_batching_nothing_runs_on_the_dynamic_graph():
+    assert dynamic_router({SMALL: {3: 0.1}}, costs=None).dynamic_rows == {}
+    unbatched = BucketRouter([{"x": (4,)}], False, {"x": [None]}, {"y": [None]}, costs=[1.0],
+                             dynamic_costs={(): {1: 0.1}})
+    assert unbatched.dynamic_rows == {} and unbatched.plan({"x": (4,)}) == [Chunk(0, 0, 1)]
+
+
+def test_the_runner_runs_a_dynamic_batch_size_unpadded_on_the_dynamic_engine_and_counts_it():
+    engine, dynamic = RowSum(IMAGE_BUCKETS), Dynamic()
+    runner = BucketRunner("m", dynamic_router({SMALL: {3: 2.9}}), engine, ["logits"], dynamic=dynamic)
+    out = runner.run({"image": np.zeros((3, 3, 8, 8), np.float32)})
+    np.testing.assert_array_equal(out["logits"], np.full((3, 2), 7.0))
+    assert dynamic.calls == [3] and engine.calls == []
+    assert runner.runs_per_bucket[DYNAMIC] == 1 and runner.rows == 3 and runner.padded_rows == 0
+    assert runner.fallback_runs == 0
+    runner.run({"image": np.zeros((5, 3, 8, 8), np.float32)})  # a size the buckets run
+    assert dynamic.calls == [3] and engine.calls == [4, 1]
+    assert runner.engines() == [engine, dynamic]
+    same = BucketRunner("m", dynamic_router({SMALL: {3: 2.9}}), engine, ["logits"], fallback=dynamic, dynamic=dynamic)
+    assert same.engines() == [engine, dynamic]  # one engine for both jobs, closed once
 
 
 def test_plans_are_computed_once_per_request_shape():

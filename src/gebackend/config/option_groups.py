@@ -51,8 +51,9 @@ class StaticGraphOptions:
     dynamic_node_type: str = ""  # ge-backend's graph.ge.dynamicNodeType: accepted, nothing to do on these engines
     bucket_fallback: str = "error"  # a request that fits no bucket: "error" (400) or "dynamic" (run unspecialised)
     bucket_paddable_dims: tuple[str, ...] = ()  # ONNX dim names (e.g. "sequence") a request may be zero-padded along
-    # how a batch is covered by buckets: "measured" (each bucket's run timed at load; pad or split, whichever costs
-    # less: runtime/bucket_costs.py) or "smallest" (always the smallest bucket that holds it, padded)
+    # how a batch is covered: "measured" (each bucket's run and, on the CPU, the dynamic graph's at each batch size timed
+    # at load; pad, split or run unspecialised, whichever costs less: runtime/bucket_costs.py), "buckets" (the same
+    # without the dynamic graph) or "smallest" (always the smallest bucket that holds it, padded)
     bucket_plan: str = "measured"
     # (input, pad id): each batch cut to its longest row along that input's last axis (runtime/padding_trim.py); None: off
     trim_padding: tuple[str, int] | None = None

@@ -185,7 +185,7 @@ _KEYS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "bucket_fallback": ("bucket_fallback", _choice({"error": "error", "dynamic": "dynamic"})),
     "bucket_paddable_dims": ("bucket_paddable_dims", _name_list),
     "trim_padding": ("trim_padding", _trim_padding),
-    "bucket_plan": ("bucket_plan", _choice({"measured": "measured", "smallest": "smallest"})),
+    "bucket_plan": ("bucket_plan", _choice({"measured": "measured", "buckets": "buckets", "smallest": "smallest"})),
     "fold_size_limit": ("fold_size_limit", _non_negative_int),
     "enable_cuda_graph": ("enable_cuda_graph", _bool),
     "profiling": ("profiling", _choice({"off": "off", "false": "off", "0": "off", "true": "true", "1": "true",

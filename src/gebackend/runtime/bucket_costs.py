@@ -8,6 +8,12 @@ hits all of them alike, and a bucket's cost is its least time: the run least dis
 so the router pads as it always did: models without batching, a single batch size per inner shape (there is
 nothing to choose), graphs whose input values decide a shape (zeros are no valid input there), and any bucket
 that fails to run on zeros. `bucket_plan=smallest` switches the measurement off.
+
+With `bucket_plan=measured` on the CPU the unspecialised (dynamic) graph is timed too, in the same rounds, at every
+batch size from 1 to the largest bucket of each inner shape: a batch size it runs faster than its bucket plan goes
+to it (runtime/buckets.py: `dynamic_wins`). Specialising does not win everywhere: a batch
+no bucket fits pays for padding or for a second run, and on some CPUs a transformation of the static pipeline loses
+outright; what ran faster here is what serves. `bucket_plan=buckets` keeps to the buckets (no dynamic session).
 """
 
 from __future__ import annotations
@@ -18,7 +24,8 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 
 from gebackend.config.spec import ModelSpec
-from gebackend.engines.base import StaticEngine
+from gebackend.engines.base import Engine, StaticEngine
+from gebackend.runtime.buckets import inner_key
 
 ROUNDS = 3
 
@@ -28,12 +35,12 @@ def batch_and_inner(shapes: Mapping[str, Sequence[int]]) -> tuple[int, tuple] | 
     first = next(iter(shapes.values()), ())
     if not first:
         return None
-    return int(first[0]), tuple((name, tuple(shape[1:])) for name, shape in shapes.items())
+    return int(first[0]), inner_key(shapes)
 
 
 def worth_measuring(spec: ModelSpec) -> bool:
     """Only a batching model with two batch sizes compiled for one inner shape has a choice to make."""
-    if not spec.batching or spec.options.static.bucket_plan != "measured":
+    if not spec.batching or spec.options.static.bucket_plan not in ("measured", "buckets"):
         return False
     inner: dict[tuple, set[int]] = {}
     for shapes in spec.static_shapes:
@@ -54,20 +61,72 @@ def zeros(spec: ModelSpec, shapes: Mapping[str, Sequence[int]]) -> dict[str, np.
     return out
 
 
-def measure(engine: StaticEngine, spec: ModelSpec, output_names: Sequence[str], rounds: int = ROUNDS,
-            clock: Callable[[], float] = time.perf_counter) -> list[float] | None:
-    """Seconds of one run of each bucket (engine bucket i = spec.static_shapes[i]), or None if any failed."""
-    feeds = [zeros(spec, shapes) for shapes in spec.static_shapes]
-    best = [float("inf")] * len(feeds)
-    try:
-        for _ in range(rounds):
-            for index, feed in enumerate(feeds):
-                start = clock()
-                engine.run_bucket(index, feed, output_names)
-                best[index] = min(best[index], clock() - start)
-    except Exception:  # noqa: BLE001 - zeros are no valid input for some models: then the router pads, as before
+def measure(engine: StaticEngine, spec: ModelSpec, output_names: Sequence[str], dynamic: Engine | None = None,
+            rounds: int = ROUNDS, clock: Callable[[], float] = time.perf_counter
+            ) -> tuple[list[float], dict[tuple, dict[int, float]]] | None:
+    """Seconds of one run of each bucket (engine bucket i = spec.static_shapes[i]) and, with a dynamic engine, of one
+    run of it per inner shape and batch size up to the largest bucket of that shape, timed in the same rounds; None
+    if a bucket failed. A dynamic run that fails, or whose outputs are not batch-sized, leaves that engine out ({}),
+    not the buckets' costs."""
+    jobs: list[Callable[[], object]] = []
+    for index, shapes in enumerate(spec.static_shapes):
+        jobs.append(_runner(engine.run_bucket, index, zeros(spec, shapes), output_names))
+    sizes = dynamic_sizes(spec) if dynamic is not None else []
+    for (key, rows) in sizes:
+        feed = zeros(spec, {name: (rows, *inner) for name, inner in key})
+        jobs.append(_dynamic_runner(dynamic, rows, feed, output_names))
+    best = _least_times(jobs, rounds, clock)
+    buckets = best[:len(spec.static_shapes)]
+    if any(cost is None for cost in buckets):
         return None
-    return monotone(spec, best)
+    dynamic_costs: dict[tuple, dict[int, float]] = {}
+    if all(cost is not None for cost in best[len(buckets):]):
+        for (key, rows), cost in zip(sizes, best[len(buckets):]):
+            dynamic_costs.setdefault(key, {})[rows] = cost
+    return monotone(spec, buckets), dynamic_costs
+
+
+def dynamic_sizes(spec: ModelSpec) -> list[tuple[tuple, int]]:
+    """(inner shape, batch size) for every batch size from 1 to the largest bucket of each inner shape that has more
+    than one bucket (a lone batch size has nothing in between to win)."""
+    largest: dict[tuple, list[int]] = {}
+    for shapes in spec.static_shapes:
+        split = batch_and_inner(shapes)
+        if split is not None:
+            largest.setdefault(split[1], []).append(split[0])
+    return [(key, rows) for key, batches in largest.items() if len(batches) > 1
+            for rows in range(1, max(batches) + 1)]
+
+
+def _runner(run, index, feeds, output_names) -> Callable[[], object]:
+    return lambda: run(index, feeds, output_names)
+
+
+def _dynamic_runner(dynamic: Engine, rows: int, feeds, output_names) -> Callable[[], object]:
+    """A dynamic run of `rows` rows that fails unless every output's dim 0 is those rows: an output the data sizes
+    (NonZero's count) cannot be cut back per request, so the dynamic graph is no candidate for such a model."""
+    def run():
+        for output in dynamic.run(feeds, output_names):
+            if np.ndim(output) == 0 or np.shape(output)[0] != rows:
+                raise ValueError("an output's dim 0 is not the batch")
+    return run
+
+
+def _least_times(jobs: Sequence[Callable[[], object]], rounds: int, clock: Callable[[], float]) -> list[float | None]:
+    """Each job's least time over `rounds` round-robin rounds; None for a job that raised (not run again)."""
+    best: list[float | None] = [float("inf")] * len(jobs)
+    for _ in range(rounds):
+        for index, job in enumerate(jobs):
+            if best[index] is None:
+                continue
+            start = clock()
+            try:
+                job()
+            except Exception:  # noqa: BLE001 - zeros are no valid input for some models: then the router pads
+                best[index] = None
+                continue
+            best[index] = min(best[index], clock() - start)
+    return best
 
 
 def monotone(spec: ModelSpec, costs: Sequence[float]) -> list[float]:
@@ -83,8 +142,10 @@ def monotone(spec: ModelSpec, costs: Sequence[float]) -> list[float]:
     return capped
 
 
-def describe(spec: ModelSpec, costs: Sequence[float]) -> str:
-    """The load line: each bucket's measured cost and, per batch size up to the largest bucket, how it runs."""
+def describe(spec: ModelSpec, costs: Sequence[float], dynamic_costs: Mapping[tuple, Mapping[int, float]] | None = None,
+             dynamic_rows: Mapping[tuple, Sequence[int]] | None = None) -> str:
+    """The load line: each bucket's measured cost and, per batch size up to the largest bucket, how it runs
+    (`dynamic_rows`: the batch sizes the router runs on the dynamic graph, `BucketRouter.dynamic_rows`)."""
     from gebackend.runtime.buckets import batch_plan
 
     parts = []
@@ -94,12 +155,21 @@ def describe(spec: ModelSpec, costs: Sequence[float]) -> str:
     text = "bucket run costs measured at load: " + ", ".join(parts)
     # How batches run on the first inner shape (the common one-shape case; others follow the same rule).
     split = [batch_and_inner(shapes) for shapes in spec.static_shapes]  # never None: worth_measuring said so
-    same = sorted((batch, cost) for (batch, inner), cost in zip(split, costs) if inner == split[0][1])
+    key = split[0][1]
+    same = sorted((batch, cost) for (batch, inner), cost in zip(split, costs) if inner == key)
     batches, bucket_costs = [b for b, _ in same], [c for _, c in same]
-    splits = []
+    on_dynamic = set((dynamic_rows or {}).get(key, ()))
+    splits, dynamic = [], []
     for rows in range(1, batches[-1] + 1):
         plan = batch_plan(rows, batches, bucket_costs)
-        if plan != batch_plan(rows, batches, None):
+        if rows in on_dynamic:
+            dynamic.append(f"{rows} ({dynamic_costs[key][rows] * 1000:.2f} ms against "
+                           f"{sum(bucket_costs[i] for i in plan) * 1000:.2f})")
+        elif plan != batch_plan(rows, batches, None):
             splits.append(f"{rows} as {'+'.join(str(batches[i]) for i in plan)}")
-    return text + ("; batches split instead of padded: " + ", ".join(splits) if splits else
-                   "; every batch pads up to the smallest bucket that holds it")
+    text += ("; batches split instead of padded: " + ", ".join(splits) if splits else
+             "; no batch is split" if dynamic else "; every batch pads up to the smallest bucket that holds it")
+    if dynamic_costs:
+        text += ("; run whole on the dynamic graph, measured faster: " + ", ".join(dynamic) if dynamic else
+                 "; the dynamic graph was faster at no batch size")
+    return text

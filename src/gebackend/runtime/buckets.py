@@ -12,6 +12,11 @@ row of compute, while runs of 2 and 1 may cost less; a batch of 5 on buckets 1/2
 rather than padded to 8. Padding still wins where a run's fixed cost is large next to a row's (small
 models, many threads), and the measured costs say which. The margin keeps costs timed on a busy machine
 (models loading side by side) from splitting a batch for a gain that is only noise.
+
+Where the unspecialised (dynamic) graph was timed too, at each batch size up to the largest bucket (`dynamic_costs`),
+a batch it runs faster than its bucket plan by more than `DYNAMIC_MARGIN` runs on it whole, unpadded
+(`Chunk.bucket == DYNAMIC`): measured on a 2-core AVX2 EPYC, a batch of 3 on a small CNN ran 2665 us as static 2 + 1
+against 2310-2370 us on the dynamic graph, while the exact buckets ran level with it.
 """
 
 from __future__ import annotations
@@ -23,6 +28,14 @@ from typing import Mapping, Sequence
 import numpy as np
 
 Shapes = Mapping[str, tuple[int, ...]]
+
+
+DYNAMIC = -1  # Chunk.bucket of a batch run whole on the unspecialised (dynamic) graph
+
+
+def inner_key(shapes: Shapes) -> tuple:
+    """A bucket's shapes without the batch axis: what groups buckets that differ only in batch size."""
+    return tuple((name, tuple(shape[1:])) for name, shape in shapes.items())
 
 
 @dataclass(frozen=True)
@@ -81,6 +94,16 @@ def batch_plan(rows: int, batches: Sequence[int], costs: Sequence[float] | None)
     return padded
 
 
+DYNAMIC_MARGIN = 0.05  # the dynamic graph must beat the bucket plan by this fraction of the plan's cost
+
+
+def dynamic_wins(rows: int, batches: Sequence[int], costs: Sequence[float], dynamic_cost: float) -> bool:
+    """Whether one unpadded run of `rows` on the dynamic graph beats the bucket plan `batch_plan` makes by more
+    than DYNAMIC_MARGIN (a timing at load within noise of the plan keeps the plan)."""
+    plan = batch_plan(rows, batches, costs)
+    return dynamic_cost < (1 - DYNAMIC_MARGIN) * sum(costs[i] for i in plan)
+
+
 class BucketRouter:
     def __init__(
         self,
@@ -90,9 +113,12 @@ class BucketRouter:
         output_labels: Mapping[str, Sequence[str | None]],
         paddable: Sequence[str] = (),
         costs: Sequence[float] | None = None,
+        dynamic_costs: Mapping[tuple, Mapping[int, float]] | None = None,
     ):
         """`*_labels`: the ONNX dim name of every axis *after* the batch axis (None when unnamed); `costs`: the
-        measured cost of one run of each bucket (None: the smallest bucket that holds a batch, always)."""
+        measured cost of one run of each bucket (None: the smallest bucket that holds a batch, always);
+        `dynamic_costs`: per inner shape (`inner_key`), the measured cost of one run of the dynamic graph per batch
+        size (only with `costs`)."""
         self.buckets = [dict(b) for b in buckets]
         self.costs = None if costs is None else [float(c) for c in costs]
         self.batching = batching
@@ -108,6 +134,22 @@ class BucketRouter:
         self._inner = [sum(math.prod(shape[offset:]) for shape in b.values()) for b in self.buckets]
         self._batch = [next(iter(b.values()))[0] if batching and b else 1 for b in self.buckets]  # rank-0 inputs: no batch
         self._plans: dict[tuple, list[Chunk] | None] = {}  # request shapes -> plan (shapes repeat)
+        self._inner_keys = [inner_key(b) for b in self.buckets]
+        #: per inner shape, the batch sizes that run whole on the dynamic graph (measured faster than their plan)
+        self.dynamic_rows: dict[tuple, tuple[int, ...]] = self._dynamic_rows(dynamic_costs or {})
+
+    def _dynamic_rows(self, dynamic_costs: Mapping[tuple, Mapping[int, float]]) -> dict[tuple, tuple[int, ...]]:
+        if self.costs is None or not self.batching:
+            return {}
+        chosen = {}
+        for key, by_rows in dynamic_costs.items():
+            group = sorted((i for i, k in enumerate(self._inner_keys) if k == key), key=self.batch_of)
+            batches, costs = [self.batch_of(i) for i in group], [self.costs[i] for i in group]
+            rows = tuple(sorted(n for n, cost in by_rows.items() if group and n <= batches[-1]
+                                and dynamic_wins(n, batches, costs, cost)))
+            if rows:
+                chosen[key] = rows
+        return chosen
 
     # -- routing -------------------------------------------------------------------------------
     def _fits(self, bucket: Shapes, shapes: Shapes) -> bool:
@@ -146,6 +188,8 @@ class BucketRouter:
         same_inner = [i for i in candidates if self._inner[i] == tightest]
         by_batch = sorted(same_inner, key=lambda i: self.batch_of(i))
         rows = next(iter(shapes.values()))[0]
+        if rows in self.dynamic_rows.get(self._inner_keys[by_batch[0]], ()):
+            return [Chunk(DYNAMIC, 0, rows)]
         batches = [self.batch_of(i) for i in by_batch]
         costs = None if self.costs is None else [self.costs[i] for i in by_batch]
         chunks, start = [], 0

@@ -16,6 +16,7 @@ from typing import Callable, Sequence
 from gebackend.config.spec import ModelSpec
 from gebackend.control.env import server_temp_parent
 from gebackend.engines import create_engine, create_static_engine, engine_name
+from gebackend.engines.providers import as_selection
 from gebackend.engines.registry import kind
 from gebackend.errors import GeBackendError, ModelLoadError
 from gebackend.runtime import bucket_costs
@@ -116,23 +117,33 @@ def _build(spec: ModelSpec, providers: Sequence, log: Callable[[str], None]) -> 
 
 def _static_executor(spec: ModelSpec, providers: Sequence, log: Callable[[str], None], output_names) -> tuple[Executor, str]:
     engine, timable = _static_engine(spec, providers, log)
-    costs = None
+    static = spec.options.static
+    fallback = create_engine(spec, providers) if static.bucket_fallback == "dynamic" else None
+    costs, dynamic_costs, candidate = None, None, None
     if timable and bucket_costs.worth_measuring(spec):
-        costs = bucket_costs.measure(engine, spec, output_names)
-        if costs is not None:
-            log(bucket_costs.describe(spec, costs))
+        if static.bucket_plan == "measured" and as_selection(providers).kind.name == "cpu":
+            candidate = fallback if fallback is not None else create_engine(spec, providers)
+        measured = bucket_costs.measure(engine, spec, output_names, candidate)
+        if measured is not None:
+            costs, dynamic_costs = measured
     router = BucketRouter(
         spec.static_shapes,
         spec.batching,
         {t.name: t.labels for t in spec.inputs},
         {t.name: t.labels for t in spec.outputs},
-        spec.options.static.bucket_paddable_dims,
+        static.bucket_paddable_dims,
         costs,
+        dynamic_costs,
     )
-    fallback = create_engine(spec, providers) if spec.options.static.bucket_fallback == "dynamic" else None
-    runner = BucketRunner(spec.name, router, engine, output_names, fallback)
-    how = (f"static graph, buckets [{' | '.join(router.describe())}], fallback={spec.options.static.bucket_fallback}, "
-           f"{engine.describe()}")
+    if costs is not None:
+        log(bucket_costs.describe(spec, costs, dynamic_costs, router.dynamic_rows))
+    dynamic = candidate if router.dynamic_rows else None
+    if candidate is not None and dynamic is None and candidate is not fallback:
+        candidate.close()  # it won no batch size: its memory back
+    runner = BucketRunner(spec.name, router, engine, output_names, fallback, dynamic)
+    on_dynamic = ", ".join(",".join(map(str, rows)) for rows in router.dynamic_rows.values())
+    how = (f"static graph, buckets [{' | '.join(router.describe())}], fallback={static.bucket_fallback}, "
+           + (f"batch sizes {on_dynamic} on the dynamic graph, " if on_dynamic else "") + engine.describe())
     return Executor(spec, runner), how
 
 

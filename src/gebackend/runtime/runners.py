@@ -1,4 +1,5 @@
-"""How one already-batched feed dict is run: straight on a dynamic engine, or through shape buckets on a static one."""
+"""How one already-batched feed dict is run: straight on a dynamic engine, or through shape buckets on a static one
+(with, beside it, a dynamic engine for what fits no bucket and for the batch sizes measured faster on it)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import numpy as np
 
 from gebackend.engines.base import Engine, EngineInputError, EngineRunError, StaticEngine
 from gebackend.errors import GeBackendError, InvalidRequest
-from gebackend.runtime.buckets import BucketRouter
+from gebackend.runtime.buckets import DYNAMIC, BucketRouter
 
 Tensors = Mapping[str, np.ndarray]
 
@@ -57,9 +58,12 @@ class BucketRunner:
         engine: StaticEngine,
         output_names: Sequence[str],
         fallback: Engine | None = None,
+        dynamic: Engine | None = None,
     ):
-        """`engine`'s bucket i is the router's bucket i (both list the spec's static shapes in order)."""
-        self.model, self.router, self.engine, self.fallback = model, router, engine, fallback
+        """`engine`'s bucket i is the router's bucket i (both list the spec's static shapes in order); `fallback`
+        runs what fits no bucket, `dynamic` the batch sizes the router sends whole to the dynamic graph (may be the
+        same engine)."""
+        self.model, self.router, self.engine, self.fallback, self.dynamic = model, router, engine, fallback, dynamic
         self.output_names = list(output_names)
         self.runs_per_bucket: Counter[int] = Counter()
         self.fallback_runs = 0
@@ -78,6 +82,10 @@ class BucketRunner:
                 f"model '{self.model}': input shapes {sent} match no compiled shape; compiled shapes: "
                 f"{' | '.join(self.router.describe())}"
             )
+        if plan[0].bucket == DYNAMIC:  # measured at load: this batch size runs faster unspecialised
+            self.runs_per_bucket[DYNAMIC] += 1
+            self.rows += plan[0].rows
+            return run_engine(self.model, self.dynamic, feeds, self.output_names)
         if len(plan) == 1 and self.router.buckets[plan[0].bucket] == shapes:
             return self._run_exact(feeds, plan[0].bucket)  # the request is a bucket: nothing to pad or cut
         label_sizes = self.router.sizes_by_label(shapes)
@@ -116,7 +124,8 @@ class BucketRunner:
                 )
 
     def engines(self) -> list[Engine]:
-        return [self.engine] + ([self.fallback] if self.fallback is not None else [])
+        extra = [e for e in (self.fallback, self.dynamic) if e is not None]
+        return [self.engine] + list({id(e): e for e in extra}.values())
 
     def close(self) -> None:
         for engine in self.engines():

@@ -1,6 +1,7 @@
 """gebackend's own Prometheus metrics on Triton's metrics endpoint (:8002/metrics), through pb_utils.MetricFamily.
 
-- `gebackend_bucket_runs_total{model,bucket}`: engine runs per compiled shape (static graph mode);
+- `gebackend_bucket_runs_total{model,bucket}`: engine runs per compiled shape (static graph mode), and
+  `bucket="dynamic"` for the batch sizes measured faster on the dynamic graph and run there;
 - `gebackend_rows_total{model}` / `gebackend_padded_rows_total{model}`: rows run, and how many of them
   were padding; `gebackend_padding_waste_ratio{model}` is their ratio;
 - `gebackend_fallback_runs_total{model}`: runs on the dynamic fallback (bucket_fallback=dynamic);
@@ -20,6 +21,8 @@ from __future__ import annotations
 
 import threading
 from typing import Any, Callable
+
+from gebackend.runtime.buckets import DYNAMIC
 
 PUBLISH_SECONDS = 1.0
 
@@ -46,7 +49,11 @@ class BackendMetrics:
         runs, rows, padded, waste, fallback, compile_time, run_seconds = self._families
         router = getattr(runner, "router", None)
         names = router.describe() if router is not None else []
-        self._bucket = [runs.Metric(labels={**labels, "bucket": name}) for name in names]
+        self._bucket_keys = list(range(len(names)))  # runner.runs_per_bucket's keys, in self._bucket's order
+        if router is not None and router.dynamic_rows:
+            self._bucket_keys.append(DYNAMIC)
+        self._bucket = [runs.Metric(labels={**labels, "bucket": name})
+                        for name in names + ["dynamic"] * (len(self._bucket_keys) - len(names))]
         for name, cost in zip(names, (router.costs or []) if router is not None else []):  # fixed at load
             run_seconds.Metric(labels={**labels, "bucket": name}).set(cost)
         self._rows, self._padded = rows.Metric(labels=labels), padded.Metric(labels=labels)
@@ -88,7 +95,7 @@ class BackendMetrics:
         trim = (t.positions, t.trimmed) if t is not None else (0, 0)
         if not hasattr(r, "runs_per_bucket"):
             return ((), 0, 0, 0, *trim)
-        return (tuple(r.runs_per_bucket.get(i, 0) for i in range(len(self._bucket))), r.rows, r.padded_rows,
+        return (tuple(r.runs_per_bucket.get(i, 0) for i in self._bucket_keys), r.rows, r.padded_rows,
                 r.fallback_runs, *trim)
 
     def update(self) -> None:
