@@ -115,8 +115,13 @@ def _ladder() -> list[Scenario]:
     # shared_thread_pool), beside ge_static's one pool shared by the buckets
     own_pools = replace(static, name="ge_static_own_pools", title="ge_static, a thread pool per bucket (shared_thread_pool=off)",
                         options=(("shared_thread_pool", "off"),))
+    # The static graph kept to its buckets (pad or split, measured), beside ge_static, which also runs a batch size on
+    # the dynamic graph where that was measured faster at load
+    buckets_only = replace(static, name="ge_static_buckets_only",
+                           title="ge_static, buckets only (bucket_plan=buckets: no batch size on the dynamic graph)",
+                           options=(("bucket_plan", "buckets"),))
     return [naive, dynamic, static, batching, pinned, bf16, int8, openvino, delay, dyn_batching, dyn_pinned,
-            int8_static, openvino_int8, trim, trim_pinned, int8_trim, own_pools]
+            int8_static, openvino_int8, trim, trim_pinned, int8_trim, own_pools, buckets_only]
 
 
 def _peers(batching: Scenario) -> list[Scenario]:
