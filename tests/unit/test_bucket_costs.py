@@ -58,6 +58,20 @@ def test_each_bucket_runs_on_zeros_round_robin_and_keeps_its_least_time(resnet):
     assert all(dtypes == {"float32"} for _, _, dtypes in engine.ran)
 
 
+def test_a_quick_model_is_timed_over_more_rounds_within_the_budget(resnet):
+    """Models load side by side: a small model's few milliseconds of rounds are taken again, up to a second."""
+    assert bucket_costs.BUDGET_SECONDS == 1.0
+    engine = Timed([0.03125] * 4)  # a round takes 1/8 s: 8 rounds fill the budget
+    bucket_costs.measure(engine, _spec(resnet), ["logits"], clock=engine.clock)
+    assert len(engine.ran) == 4 * 8
+    tiny = Timed([1e-6] * 4)
+    bucket_costs.measure(tiny, _spec(resnet), ["logits"], clock=tiny.clock)
+    assert len(tiny.ran) == 4 * bucket_costs.MAX_ROUNDS
+    slow = Timed([1.0] * 4)
+    bucket_costs.measure(slow, _spec(resnet), ["logits"], clock=slow.clock)
+    assert len(slow.ran) == 4 * bucket_costs.ROUNDS  # never fewer
+
+
 def test_a_smaller_bucket_never_costs_more_than_a_larger_one(resnet):
     """Bucket 1 timed in a load spike on every round (CI: a 1-row request was then padded to bucket 4): its cost is
     capped by bucket 2's, so a 1-row batch still runs on bucket 1."""
