@@ -15,6 +15,7 @@ from typing import Callable, Sequence
 
 from gebackend.config.spec import ModelSpec
 from gebackend.control.env import server_temp_parent
+from gebackend.control.timing_lock import timing_alone
 from gebackend.engines import create_engine, create_static_engine, engine_name
 from gebackend.engines.providers import as_selection
 from gebackend.engines.registry import kind
@@ -123,7 +124,10 @@ def _static_executor(spec: ModelSpec, providers: Sequence, log: Callable[[str], 
     if timable and bucket_costs.worth_measuring(spec):
         if static.bucket_plan == "measured" and as_selection(providers).kind.name == "cpu":
             candidate = fallback if fallback is not None else create_engine(spec, providers)
-        measured = bucket_costs.measure(engine, spec, output_names, candidate)
+        with timing_alone() as waited:
+            measured = bucket_costs.measure(engine, spec, output_names, candidate)
+        if waited >= 1.0:
+            log(f"bucket costs: waited {waited:.1f}s for other instances to finish timing theirs")
         if measured is not None:
             costs, dynamic_costs = measured
     router = BucketRouter(
