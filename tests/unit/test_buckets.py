@@ -215,6 +215,15 @@ def test_a_batch_size_measured_faster_on_the_dynamic_graph_runs_there_whole():
     assert router.plan({"image": (3, 3, 12, 12)}) is None  # fits nothing: still the fallback's (or a 400)
 
 
+def test_the_batch_sizes_on_the_dynamic_graph_are_said_per_inner_shape_where_there_are_several():
+    assert dynamic_router({SMALL: {3: 2.9, 7: 7.6}}).describe_dynamic() == "3,7"
+    assert dynamic_router({}).describe_dynamic() == ""
+    large = inner_key({"image": (1, 3, 16, 16)})
+    router = BucketRouter(IMAGE_BUCKETS + [{"image": (4, 3, 16, 16)}], True, {"image": [None, None, None]},
+                          {"logits": [None]}, costs=LINEAR_COSTS + [7.9], dynamic_costs={SMALL: {3: 2.9}, large: {3: 5.0}})
+    assert router.describe_dynamic() == "3 at image:[3, 8, 8], 3 at image:[3, 16, 16]"
+
+
 def test_without_bucket_costs_or_batching_nothing_runs_on_the_dynamic_graph():
     assert dynamic_router({SMALL: {3: 0.1}}, costs=None).dynamic_rows == {}
     unbatched = BucketRouter([{"x": (4,)}], False, {"x": [None]}, {"y": [None]}, costs=[1.0],

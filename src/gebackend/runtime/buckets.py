@@ -244,3 +244,10 @@ class BucketRouter:
 
     def describe(self) -> list[str]:
         return ["; ".join(f"{n}:{list(s)}" for n, s in b.items()) for b in self.buckets]
+
+    def describe_dynamic(self) -> str:
+        """The batch sizes run on the dynamic graph, e.g. "3,5" (with their inner shape where there are several)."""
+        if len(self.dynamic_rows) <= 1:
+            return ",".join(str(rows) for sizes in self.dynamic_rows.values() for rows in sizes)
+        return ", ".join(",".join(map(str, sizes)) + " at " + ";".join(f"{n}:{list(s)}" for n, s in key)
+                         for key, sizes in self.dynamic_rows.items())

@@ -145,7 +145,7 @@ def _static_executor(spec: ModelSpec, providers: Sequence, log: Callable[[str], 
     if candidate is not None and dynamic is None and candidate is not fallback:
         candidate.close()  # it won no batch size: its memory back
     runner = BucketRunner(spec.name, router, engine, output_names, fallback, dynamic)
-    on_dynamic = ", ".join(",".join(map(str, rows)) for rows in router.dynamic_rows.values())
+    on_dynamic = router.describe_dynamic()
     how = (f"static graph, buckets [{' | '.join(router.describe())}], fallback={static.bucket_fallback}, "
            + (f"batch sizes {on_dynamic} on the dynamic graph, " if on_dynamic else "") + engine.describe())
     return Executor(spec, runner), how
