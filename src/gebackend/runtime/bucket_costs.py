@@ -28,7 +28,8 @@ import numpy as np
 
 from gebackend.config.spec import ModelSpec
 from gebackend.engines.base import Engine, StaticEngine
-from gebackend.runtime.buckets import inner_key
+from gebackend.runtime import batching
+from gebackend.runtime.buckets import batch_plan, inner_key
 
 ROUNDS = 3  # at least
 MAX_ROUNDS = 25
@@ -43,17 +44,23 @@ def batch_and_inner(shapes: Mapping[str, Sequence[int]]) -> tuple[int, tuple] | 
     return int(first[0]), inner_key(shapes)
 
 
-def worth_measuring(spec: ModelSpec) -> bool:
-    """Only a batching model with two batch sizes compiled for one inner shape has a choice to make."""
-    if not spec.batching or spec.options.static.bucket_plan not in ("measured", "buckets"):
-        return False
+def batches_by_inner(spec: ModelSpec) -> dict[tuple, set[int]] | None:
+    """The batch sizes compiled for each inner shape (`batch_and_inner`); None for rank-0 inputs (no batch axis)."""
     inner: dict[tuple, set[int]] = {}
     for shapes in spec.static_shapes:
         split = batch_and_inner(shapes)
         if split is None:
-            return False  # rank-0 inputs: no batch axis to split along
+            return None
         inner.setdefault(split[1], set()).add(split[0])
-    return any(len(batches) > 1 for batches in inner.values())
+    return inner
+
+
+def worth_measuring(spec: ModelSpec) -> bool:
+    """Only a batching model with two batch sizes compiled for one inner shape has a choice to make."""
+    if not spec.batching or spec.options.static.bucket_plan not in ("measured", "buckets"):
+        return False
+    inner = batches_by_inner(spec)  # None: rank-0 inputs, no batch axis to split along
+    return inner is not None and any(len(batches) > 1 for batches in inner.values())
 
 
 def zeros(spec: ModelSpec, shapes: Mapping[str, Sequence[int]]) -> dict[str, np.ndarray]:
@@ -94,12 +101,8 @@ def measure(engine: StaticEngine, spec: ModelSpec, output_names: Sequence[str], 
 def dynamic_sizes(spec: ModelSpec) -> list[tuple[tuple, int]]:
     """(inner shape, batch size) for every batch size from 1 to the largest bucket of each inner shape that has more
     than one bucket (a lone batch size has nothing in between to win)."""
-    largest: dict[tuple, list[int]] = {}
-    for shapes in spec.static_shapes:
-        split = batch_and_inner(shapes)
-        if split is not None:
-            largest.setdefault(split[1], []).append(split[0])
-    return [(key, rows) for key, batches in largest.items() if len(batches) > 1
+    inner = batches_by_inner(spec) or {}
+    return [(key, rows) for key, batches in inner.items() if len(batches) > 1
             for rows in range(1, max(batches) + 1)]
 
 
@@ -108,13 +111,10 @@ def _runner(run, index, feeds, output_names) -> Callable[[], object]:
 
 
 def _dynamic_runner(dynamic: Engine, rows: int, feeds, output_names) -> Callable[[], object]:
-    """A dynamic run of `rows` rows that fails unless every output's dim 0 is those rows: an output the data sizes
-    (NonZero's count) cannot be cut back per request, so the dynamic graph is no candidate for such a model."""
-    def run():
-        for output in dynamic.run(feeds, output_names):
-            if np.ndim(output) == 0 or np.shape(output)[0] != rows:
-                raise ValueError("an output's dim 0 is not the batch")
-    return run
+    """A dynamic run of `rows` rows that fails as the executor's split would (`batching.split`) unless every output's
+    dim 0 is those rows: an output the data sizes (NonZero's count) cannot be cut back per request, so the dynamic
+    graph is no candidate for such a model."""
+    return lambda: batching.split(dict(zip(output_names, dynamic.run(feeds, output_names))), [rows])
 
 
 def _least_times(jobs: Sequence[Callable[[], object]], rounds: int, clock: Callable[[], float]) -> list[float | None]:
@@ -154,8 +154,6 @@ def describe(spec: ModelSpec, costs: Sequence[float], dynamic_costs: Mapping[tup
              dynamic_rows: Mapping[tuple, Sequence[int]] | None = None) -> str:
     """The load line: each bucket's measured cost and, per batch size up to the largest bucket, how it runs
     (`dynamic_rows`: the batch sizes the router runs on the dynamic graph, `BucketRouter.dynamic_rows`)."""
-    from gebackend.runtime.buckets import batch_plan
-
     parts = []
     for shapes, cost in zip(spec.static_shapes, costs):
         label = ";".join(f"{n}:{','.join(map(str, s))}" for n, s in shapes.items())

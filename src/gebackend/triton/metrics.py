@@ -49,11 +49,10 @@ class BackendMetrics:
         runs, rows, padded, waste, fallback, compile_time, run_seconds = self._families
         router = getattr(runner, "router", None)
         names = router.describe() if router is not None else []
-        self._bucket_keys = list(range(len(names)))  # runner.runs_per_bucket's keys, in self._bucket's order
-        if router is not None and router.dynamic_rows:
-            self._bucket_keys.append(DYNAMIC)
-        self._bucket = [runs.Metric(labels={**labels, "bucket": name})
-                        for name in names + ["dynamic"] * (len(self._bucket_keys) - len(names))]
+        # runner.runs_per_bucket's keys and their labels; runs on the dynamic graph where it won a batch size
+        counted = list(enumerate(names)) + ([(DYNAMIC, "dynamic")] if router is not None and router.dynamic_rows else [])
+        self._bucket_keys = [key for key, _ in counted]
+        self._bucket = [runs.Metric(labels={**labels, "bucket": name}) for _, name in counted]
         for name, cost in zip(names, (router.costs or []) if router is not None else []):  # fixed at load
             run_seconds.Metric(labels={**labels, "bucket": name}).set(cost)
         self._rows, self._padded = rows.Metric(labels=labels), padded.Metric(labels=labels)
