@@ -31,6 +31,7 @@ from gebackend.control.core_ledger import CoreLedger
 from gebackend.runtime.executor import Executor
 from gebackend.runtime.loader import load_executor
 from gebackend.control.heartbeat import Heartbeat
+from gebackend.control.timing_lock import loading
 from gebackend.control.env import control_dir, server_temp_parent
 
 
@@ -82,6 +83,12 @@ class ModelInstance:
         Raises `GeBackendError` (its message names what failed and what to do) when it cannot. `pin=False` leaves
         this process's CPU affinity alone (a bench measuring in this process).
         """
+        with loading():  # no other instance of the server times its buckets meanwhile (control/timing_lock.py)
+            return cls._load(config, version_dir, instance, log, pin)
+
+    @classmethod
+    def _load(cls, config: Mapping[str, Any], version_dir: Path, instance: InstanceInfo, log: InstanceLog,
+              pin: bool) -> "ModelInstance":
         name = config["name"]
         started = time.perf_counter()
         path = find_model_file(Path(version_dir), config.get("default_model_filename", ""))

@@ -124,10 +124,13 @@ def _static_executor(spec: ModelSpec, providers: Sequence, log: Callable[[str], 
     if timable and bucket_costs.worth_measuring(spec):
         if static.bucket_plan == "measured" and as_selection(providers).kind.name == "cpu":
             candidate = fallback if fallback is not None else create_engine(spec, providers)
-        with timing_alone() as waited:
+        with timing_alone() as wait:
             measured = bucket_costs.measure(engine, spec, output_names, candidate)
-        if waited >= 1.0:
-            log(f"bucket costs: waited {waited:.1f}s for other instances to finish timing theirs")
+        if not wait.alone:
+            log(f"bucket costs: timed while other instances still load or time (waited {wait.seconds:.0f}s for "
+                f"them); the costs may favour splitting batches more than a quiet machine would")
+        elif wait.seconds >= 1.0:
+            log(f"bucket costs: waited {wait.seconds:.1f}s for other instances to finish loading or timing")
         if measured is not None:
             costs, dynamic_costs = measured
     router = BucketRouter(
