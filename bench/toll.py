@@ -1,6 +1,8 @@
 """The Python backend's toll: where one request's time goes between Triton and the engine, layer by layer.
 
-One server, one run, every layer measured in the same interleaved rounds (concurrency 1, batch 1, gRPC):
+One server, one run, every layer measured in the same interleaved rounds (concurrency 1, batch 1, gRPC; with
+`--batch B`, B requests sent together and the dynamic batcher holding each model's execute until it has B, so
+every execute carries B requests: what the toll of a batch is, and whether it is paid per execute or per request):
 
   null        a Python-backend model that returns precomputed outputs: Triton core + gRPC + the backend stub's
               shared-memory round trip + pb_utils tensors, and no work (the transport floor of any Python model)
@@ -25,10 +27,14 @@ execute (validation, grouping, heartbeat). The differences are the toll of each 
 Where the peer ran, each row also says how far its client p50 and its compute_infer are from the peer's: what the
 issue's "p50 within the peer's + 0.2 ms" is measured on, split into the layers above.
 
+With `--batch B` the server-side times are per execute (a batch of B requests: Triton counts a batch's compute once
+for each of its requests), the in-process ones are the engine's and the runner's run of B rows and the instance's
+execute of B requests, and the report says how many requests an execute carried.
+
 Writes toll.json, toll.md and toll.png into --out and prints the table. Never asserted anywhere: read as ratios.
 
     .venv/bin/python bench/toll.py [--models tiny,resnet_small] [--rounds 5] [--requests 300] [--out bench/results/toll]
-                                   [--peer-backend-dir DIR]
+                                   [--peer-backend-dir DIR] [--batch B]
 """
 
 from __future__ import annotations
@@ -73,6 +79,7 @@ class TritonPythonModel:
                 for _ in requests]
 '''
 
+BATCHER = "dynamic_batching { preferred_batch_size: [ %d ] max_queue_delay_microseconds: 1000000 }\n"
 PARAMETER = 'parameters { key: "%s" value: { string_value: "%s" } }\n'
 STATIC = ('parameters { key: "static_model" value: { string_value: "1" } }\n'
           'parameters { key: "graph.ge.inputShape" value: { string_value: "%s" } }\n'
@@ -92,9 +99,10 @@ def _tensor_lines(kind: str, tensors, batched: bool) -> str:
     return f"{kind} [ {', '.join(entries)} ]\n"
 
 
-def build_repository(repo: Path, name: str, model: onnx.ModelProto,
-                     with_peer: bool = False) -> tuple[dict[str, Path], dict[str, np.ndarray]]:
-    """The layers' models of one ONNX file (the peer's too, `with_peer`), and the request they all get."""
+def build_repository(repo: Path, name: str, model: onnx.ModelProto, with_peer: bool = False,
+                     batch: int = 1) -> tuple[dict[str, Path], dict[str, np.ndarray]]:
+    """The layers' models of one ONNX file (the peer's too, `with_peer`), and the request they all get; with `batch`
+    above 1, every layer's dynamic batcher waits (up to a second) for that many requests before it executes."""
     path = repo / "_source" / f"{name}.onnx"
     path.parent.mkdir(parents=True, exist_ok=True)
     onnx.save(model, str(path))
@@ -129,6 +137,9 @@ def build_repository(repo: Path, name: str, model: onnx.ModelProto,
             shutil.copy(path, model_dir / "1" / "model.onnx")
             if layer == "naive":
                 shutil.copy(NAIVE, model_dir / "1" / "model.py")
+        if batch > 1:
+            with open(model_dir / "config.pbtxt", "a") as config_file:
+                config_file.write(BATCHER % batch)
         dirs[layer] = model_dir
     shutil.rmtree(path.parent)
     return dirs, feeds
@@ -138,17 +149,25 @@ def _wire(dtype: np.dtype) -> str:
     return dtypes.from_onnx(onnx.helper.np_dtype_to_tensor_dtype(np.dtype(dtype))).wire
 
 
-def _client_round(client, model: str, inputs, requests: int) -> list[float]:
+def _client_round(client, model: str, inputs, requests: int, batch: int = 1) -> list[float]:
+    """Each request's round trip; with `batch` above 1, requests go `batch` at a time (one thread each: the gRPC
+    client's async_infer never called back here), and each group's time is the time of its last answer."""
+    from concurrent.futures import ThreadPoolExecutor
+
     times = []
-    for _ in range(requests):
-        started = time.perf_counter_ns()
-        client.infer(model, inputs)
-        times.append((time.perf_counter_ns() - started) / 1000)
+    with ThreadPoolExecutor(batch) as senders:
+        for _ in range(max(1, requests // batch)):
+            started = time.perf_counter_ns()
+            if batch == 1:
+                client.infer(model, inputs)
+            else:
+                list(senders.map(lambda _n: client.infer(model, inputs), range(batch)))
+            times.append((time.perf_counter_ns() - started) / 1000)
     return times
 
 
 def measure_server(repo: Path, models: dict[str, tuple[dict, dict]], rounds: int, requests: int, log: Path,
-                   peer: bench_peer.Peer | None = None) -> dict:
+                   peer: bench_peer.Peer | None = None, batch: int = 1) -> dict:
     import tritonclient.grpc as grpcclient
 
     server = bench_server.start(repo, log, extra_backends=peer.extra_backends if peer is not None else None)
@@ -166,23 +185,27 @@ def measure_server(repo: Path, models: dict[str, tuple[dict, dict]], rounds: int
                 inputs.append(tensor)
             for layer in dirs:
                 prepared[f"{name}_{layer}"] = inputs
-                _client_round(client, f"{name}_{layer}", inputs, 20)  # warm-up
+                _client_round(client, f"{name}_{layer}", inputs, 20 * batch, batch)  # warm-up
         for _ in range(rounds):  # interleaved: every model once per round
             for model, inputs in prepared.items():
                 before = triton_stats.snapshot(server.http_url, [model])
-                times = _client_round(client, model, inputs, requests)
+                times = _client_round(client, model, inputs, requests, batch)
                 step = triton_stats.step(triton_stats.delta(before, triton_stats.snapshot(server.http_url, [model]))[model])
-                entry = results.setdefault(model, {"client_p50_us": [], "compute_infer_us": [], "server_us": []})
+                entry = results.setdefault(model, {"client_p50_us": [], "compute_infer_us": [], "server_us": [],
+                                                   "requests_per_execute": []})
                 entry["client_p50_us"].append(float(np.percentile(times, 50)))
                 entry["compute_infer_us"].append(step["compute_infer_us"])
                 entry["server_us"].append(step["time_us"])
+                entry["requests_per_execute"].append(step["avg_batch"])
         return results
     finally:
         server.stop()
 
 
-def measure_in_process(model_dir: Path, feeds: dict, rounds: int, requests: int) -> dict:
-    """The engine, the runner and the instance of a ge config, each timed `requests` times per round, interleaved."""
+def measure_in_process(model_dir: Path, feeds: dict, rounds: int, requests: int, batch: int = 1) -> dict:
+    """The engine, the runner and the instance of a ge config, each timed `requests` times per round, interleaved;
+    with `batch` above 1, the engine and the runner run `batch` rows at once and the instance executes `batch`
+    requests of one row each (what the batcher hands it)."""
     from gebackend.bench.inprocess import Ceiling
 
     ceiling = Ceiling(model_dir, log=lambda _m: None)
@@ -191,10 +214,14 @@ def measure_in_process(model_dir: Path, feeds: dict, rounds: int, requests: int)
     engine = runner.engines()[0]
     static = hasattr(runner, "router")
     names = runner.output_names
+    rows = {name: np.concatenate([value] * batch) for name, value in feeds.items()}
+    if static:  # the bucket of `batch` rows
+        bucket = next(i for i, shapes in enumerate(instance.spec.static_shapes)
+                      if next(iter(shapes.values()))[0] == batch)
     calls = {
-        "engine": (lambda: engine.run_bucket(0, feeds, names)) if static else (lambda: engine.run(feeds, names)),
-        "runner": lambda: runner.run(feeds),
-        "instance": lambda: instance.execute([feeds]),
+        "engine": (lambda: engine.run_bucket(bucket, rows, names)) if static else (lambda: engine.run(rows, names)),
+        "runner": lambda: runner.run(rows),
+        "instance": lambda: instance.execute([feeds] * batch),
     }
     out = {name: [] for name in calls}
     for call in calls.values():
@@ -203,7 +230,7 @@ def measure_in_process(model_dir: Path, feeds: dict, rounds: int, requests: int)
     for _ in range(rounds):
         for name, call in calls.items():
             times = []
-            for _ in range(requests):
+            for _ in range(max(1, requests // batch)):
                 started = time.perf_counter_ns()
                 call()
                 times.append((time.perf_counter_ns() - started) / 1000)
@@ -232,6 +259,7 @@ def summarise(name: str, server: dict, inprocess: dict) -> list[dict]:
         entry = server[f"{name}_{layer}"]
         row = {"model": name, "layer": layer,
                "client_p50_us": _median(entry["client_p50_us"]), "client_spread_us": _spread(entry["client_p50_us"]),
+               "requests_per_execute": _median(entry.get("requests_per_execute") or [1.0]),
                "compute_infer_us": _median(entry["compute_infer_us"]),
                "compute_spread_us": _spread(entry["compute_infer_us"])}
         if layer in inprocess:
@@ -256,13 +284,18 @@ def _signed(value) -> str:
 
 
 def write_report(rows: list[dict], out: Path, meta: dict) -> str:
+    batch = meta.get("batch", 1)
+    sent = "one request at a time" if batch == 1 else (
+        f"{batch} requests at a time, each execute held for {batch}: server and in-process times per execute, "
+        f"client p50 per group of {batch}")
     lines = [f"Machine: {meta['machine']}; {meta['rounds']} rounds x {meta['requests']} requests per layer, "
-             "interleaved; medians (± half the range of the per-round medians), microseconds.", "",
-             "| model | layer | client p50 | server compute_infer | engine | runner | instance.execute "
+             f"interleaved, {sent}; medians (± half the range of the per-round medians), microseconds.", "",
+             "| model | layer | requests per execute | client p50 | server compute_infer | engine | runner | instance.execute "
              "| stub transport | ours: bridge | ours: instance | p50 − peer's | compute − peer's |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
-        lines.append(f"| {r['model']} | {r['layer']} | {_fmt(r['client_p50_us'])} ± {_fmt(r['client_spread_us'])} "
+        lines.append(f"| {r['model']} | {r['layer']} | {r.get('requests_per_execute', 1.0):.1f} "
+                     f"| {_fmt(r['client_p50_us'])} ± {_fmt(r['client_spread_us'])} "
                      f"| {_fmt(r['compute_infer_us'])} ± {_fmt(r['compute_spread_us'])} | {_fmt(r.get('engine_us'))} "
                      f"| {_fmt(r.get('runner_us'))} | {_fmt(r.get('instance_us'))} | {_fmt(r.get('toll_stub_us'))} "
                      f"| {_fmt(r.get('toll_bridge_us'))} | {_fmt(r.get('toll_instance_us'))} "
@@ -272,11 +305,11 @@ def write_report(rows: list[dict], out: Path, meta: dict) -> str:
     text = "\n".join(lines) + "\n"
     (out / "toll.md").write_text(text)
     (out / "toll.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
-    _plot(rows, out / "toll.png")
+    _plot(rows, out / "toll.png", batch)
     return text
 
 
-def _plot(rows: list[dict], path: Path) -> None:
+def _plot(rows: list[dict], path: Path, batch: int = 1) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -292,8 +325,10 @@ def _plot(rows: list[dict], path: Path) -> None:
     for label, values in parts:
         ax.bar(labels, values, bottom=bottom, label=label)
         bottom += np.array(values)
-    ax.set_ylabel("microseconds per request (server side)")
-    ax.set_title("Where a request's time goes inside Triton (concurrency 1, batch 1)")
+    ax.set_ylabel("microseconds per request (server side)" if batch == 1 else
+                  f"microseconds per execute of {batch} requests (server side)")
+    ax.set_title("Where a request's time goes inside Triton (concurrency 1, batch 1)" if batch == 1 else
+                 f"Where a batch's time goes inside Triton ({batch} requests per execute)")
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=100)
@@ -309,6 +344,8 @@ def main(argv=None) -> int:
     parser.add_argument("--peer-backend-dir", type=Path, metavar="DIR",
                         help="Triton's onnxruntime backend (as for gebackend bench); default: $GE_PEER_BACKEND_DIR or "
                              "NGC's /opt/tritonserver/backends where present, else no peer row")
+    parser.add_argument("--batch", type=int, default=1, choices=(1, 2, 4, 8),
+                        help="requests per execute: sent together, each model's batcher holding its execute for them")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     peer, no_peer = bench_peer.lookup(args.peer_backend_dir)
@@ -316,15 +353,16 @@ def main(argv=None) -> int:
         raise SystemExit(f"toll: {no_peer}")
     work = Path(tempfile.mkdtemp(prefix="gebackend-toll-"))
     try:
-        models = {name: build_repository(work / "repo", name, proto, with_peer=peer is not None)
+        models = {name: build_repository(work / "repo", name, proto, with_peer=peer is not None, batch=args.batch)
                   for name, proto in _models(args.models.split(",")).items()}
-        server = measure_server(work / "repo", models, args.rounds, args.requests, args.out / "server.log", peer)
+        server = measure_server(work / "repo", models, args.rounds, args.requests, args.out / "server.log", peer,
+                                args.batch)
         rows = []
         for name, (dirs, feeds) in models.items():
-            inprocess = {layer: measure_in_process(dirs[layer], feeds, args.rounds, args.requests)
+            inprocess = {layer: measure_in_process(dirs[layer], feeds, args.rounds, args.requests, args.batch)
                          for layer in GE_LAYERS}
             rows += summarise(name, server, inprocess)
-        meta = {"machine": bench_runner.machine(), "rounds": args.rounds, "requests": args.requests,
+        meta = {"machine": bench_runner.machine(), "rounds": args.rounds, "requests": args.requests, "batch": args.batch,
                 "loadavg": bench_runner._loadavg(),
                 "peer": str(peer.library) if peer is not None else no_peer}
         print(write_report(rows, args.out, meta))

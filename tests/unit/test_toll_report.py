@@ -77,3 +77,27 @@ def test_the_peer_model_is_the_onnxruntime_backend_on_the_same_file(toll, tmp_pa
     assert (dirs["peer"] / "1" / "model.onnx").read_bytes() == (dirs["ge_dynamic"] / "1" / "model.onnx").read_bytes()
     assert set(feeds) == {t for t in config.split('"') if t in feeds}
     assert "peer" not in toll.build_repository(tmp_path / "repo2", "tiny", build_add_mul())[0]
+
+
+def test_batched_every_layer_holds_its_execute_for_the_batch(toll, tmp_path):
+    from gebackend.modelzoo import build_add_mul
+
+    dirs, _ = toll.build_repository(tmp_path / "repo", "tiny", build_add_mul(), with_peer=True, batch=8)
+    for layer, model_dir in dirs.items():
+        config = (model_dir / "config.pbtxt").read_text()
+        assert config.count("dynamic_batching") == 1, layer
+        assert "preferred_batch_size: [ 8 ]" in config and "max_queue_delay_microseconds: 1000000" in config, layer
+    unbatched, _ = toll.build_repository(tmp_path / "repo1", "tiny", build_add_mul(), with_peer=True)
+    assert "dynamic_batching" not in (unbatched["null"] / "config.pbtxt").read_text()
+
+
+def test_batched_report_says_what_an_execute_carried(toll, tmp_path):
+    server = _server(LAYERS)
+    for layer, entry in server.items():
+        entry["requests_per_execute"] = [8.0, 7.5, 8.0] if layer != "m_naive" else [1.0, 1.0, 1.0]
+    rows = toll.summarise("m", server, INPROCESS)
+    assert {r["layer"]: r["requests_per_execute"] for r in rows}["ge_dynamic"] == 8.0
+    text = toll.write_report(rows, tmp_path, {"machine": "test CPU", "rounds": 3, "requests": 16, "batch": 8,
+                                              "peer": "none"})
+    assert "8 requests at a time" in text
+    assert "| m | ge_dynamic | 8.0 |" in text and "| m | naive | 1.0 |" in text
