@@ -66,3 +66,38 @@ def test_a_bad_option_fails_the_load_naming_the_model_and_the_key(version_dir):
     with pytest.raises(ConfigError) as error:
         ModelInstance.load(_config("am", static_model="perhaps"), version_dir, InstanceInfo("am_0_0"), Log(), pin=False)
     assert "static_model" in str(error.value) and "'am'" in str(error.value)
+
+
+def test_a_load_holds_the_servers_timing_lock_shared_until_it_ends(version_dir, tmp_path, monkeypatch):
+    """No other instance times its buckets while this one loads (control/timing_lock.py); once loaded, it may."""
+    import fcntl
+
+    from gebackend.control import timing_lock
+    from gebackend.control.env import CONTROL_DIR
+    from gebackend.runtime import instance as instance_module
+
+    control = tmp_path / "control"
+    monkeypatch.setenv(CONTROL_DIR, str(control))
+    real = instance_module.load_executor
+    seen = []
+
+    def exclusive_refused() -> bool:
+        with open(control / timing_lock.LOCK, "a") as other:  # another instance's timing, as flock sees it
+            try:
+                fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return True
+            fcntl.flock(other, fcntl.LOCK_UN)
+            return False
+
+    def spying(*args, **kwargs):
+        seen.append(exclusive_refused())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(instance_module, "load_executor", spying)
+    instance = ModelInstance.load(_config("am"), version_dir, InstanceInfo("am_0_0"), Log(), pin=False)
+    try:
+        assert seen == [True]  # while loading: another instance's timing would wait
+        assert not exclusive_refused()  # loaded: nothing held
+    finally:
+        instance.close()
