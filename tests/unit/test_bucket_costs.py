@@ -151,9 +151,33 @@ def test_the_dynamic_graph_is_timed_at_every_batch_size_in_the_same_rounds(resne
     assert costs == [1.5, 2.5, 4.5, 8.5]
     key = (("image", (3, 64, 64)),)
     assert dynamic_costs == {key: {n: n + 0.25 for n in range(1, 9)}}
-    one_round = [0, 1, 2, 3] + [("dynamic", n) for n in range(1, 9)]  # buckets and dynamic sizes alternate by round
+    # buckets and dynamic sizes alternate by round, each engine's first run after an untimed one of its own
+    one_round = [0, 0, 1, 2, 3] + [("dynamic", 1)] + [("dynamic", n) for n in range(1, 9)]
     assert [r if r[0] == "dynamic" else r[0] for r in engine.ran] == one_round * 2
     assert bucket_costs.measure(engine, spec, ["logits"], None, clock=engine.clock)[1] == {}
+
+
+def test_the_switch_from_one_engine_to_the_other_is_not_timed(resnet):
+    """A run right after the other engine's (its thread pool still spinning, its memory in the caches) is slower;
+    that is the switch's cost, not the batch size's, and it must not decide where a batch size runs."""
+
+    class Switching(Timed):
+        def run_bucket(self, index, feeds, output_names):
+            if self.ran and self.ran[-1][0] == "dynamic":
+                self.now += 5.0
+            return super().run_bucket(index, feeds, output_names)
+
+    class SwitchingDynamic(TimedDynamic):
+        def run(self, feeds, output_names):
+            if self.timed.ran and self.timed.ran[-1][0] != "dynamic":
+                self.timed.now += 5.0
+            return super().run(feeds, output_names)
+
+    engine = Switching([1.0, 2.0, 4.0, 8.0])
+    costs, dynamic_costs = bucket_costs.measure(engine, _spec(resnet), ["logits"], SwitchingDynamic(engine),
+                                                rounds=3, clock=engine.clock)
+    assert costs == [1.0, 2.0, 4.0, 8.0]
+    assert dynamic_costs == {(("image", (3, 64, 64)),): {n: float(n) for n in range(1, 9)}}
 
 
 def test_a_dynamic_graph_that_fails_on_zeros_leaves_the_bucket_costs(resnet):
