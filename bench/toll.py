@@ -59,6 +59,7 @@ from gebackend.config import dtypes
 from gebackend.config.onnx_signature import read_signature
 from gebackend.modelzoo import build_add_mul
 from gebackend.modelzoo.resnet import build_resnet
+from gebackend.runtime import bucket_costs
 
 NAIVE = Path(bench_runner.__file__).with_name("naive_model.py")
 
@@ -217,7 +218,7 @@ def measure_in_process(model_dir: Path, feeds: dict, rounds: int, requests: int,
     rows = {name: np.concatenate([value] * batch) for name, value in feeds.items()}
     if static:  # the bucket of `batch` rows
         bucket = next(i for i, shapes in enumerate(instance.spec.static_shapes)
-                      if next(iter(shapes.values()))[0] == batch)
+                      if bucket_costs.batch_and_inner(shapes)[0] == batch)
     calls = {
         "engine": (lambda: engine.run_bucket(bucket, rows, names)) if static else (lambda: engine.run(rows, names)),
         "runner": lambda: runner.run(rows),

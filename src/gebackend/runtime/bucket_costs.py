@@ -24,7 +24,7 @@ outright; what ran faster here is what serves. `bucket_plan=buckets` keeps to th
 from __future__ import annotations
 
 import time
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Collection, Mapping, Sequence
 
 import numpy as np
 
@@ -89,10 +89,9 @@ def measure(engine: StaticEngine, spec: ModelSpec, output_names: Sequence[str], 
     for (key, rows) in sizes:
         feed = zeros(spec, {name: (rows, *inner) for name, inner in key})
         jobs.append(_dynamic_runner(dynamic, rows, feed, output_names))
-    primers = {}
-    if sizes:  # each engine's first timed run follows an untimed run of that engine, not the other's last
-        primers = {0: jobs[0], len(spec.static_shapes): jobs[len(spec.static_shapes)]}  # run twice, timed once
-    best = _least_times(jobs, rounds, clock, primers)
+    # each engine's first timed run follows an untimed run of its own (the same job), not the other engine's last
+    primed = {0, len(spec.static_shapes)} if sizes else set()
+    best = _least_times(jobs, rounds, clock, primed)
     buckets = best[:len(spec.static_shapes)]
     if any(cost is None for cost in buckets):
         return None
@@ -123,11 +122,11 @@ def _dynamic_runner(dynamic: Engine, rows: int, feeds, output_names) -> Callable
 
 
 def _least_times(jobs: Sequence[Callable[[], object]], rounds: int, clock: Callable[[], float],
-                 primers: Mapping[int, Callable[[], object]] | None = None) -> list[float | None]:
+                 primed: Collection[int] = ()) -> list[float | None]:
     """Each job's least time over round-robin rounds: `rounds` of them, and more up to MAX_ROUNDS while all so far
-    took less than BUDGET_SECONDS; None for a job that raised (not run again). `primers[i]`, where given, runs
-    untimed just before job i (a run of job i's engine, so that its timed run does not pay for the switch from
-    another engine; a primer that raises is left to the job to report)."""
+    took less than BUDGET_SECONDS; None for a job that raised (not run again). A job in `primed` runs once untimed
+    just before its timed run (so that it does not pay for the switch from another engine's job; an untimed run
+    that raises is left to the timed one to report)."""
     best: list[float | None] = [float("inf")] * len(jobs)
     began, done = clock(), 0
     while done < rounds or (done < MAX_ROUNDS and clock() - began < BUDGET_SECONDS):
@@ -135,11 +134,10 @@ def _least_times(jobs: Sequence[Callable[[], object]], rounds: int, clock: Calla
         for index, job in enumerate(jobs):
             if best[index] is None:
                 continue
-            primer = (primers or {}).get(index)
-            if primer is not None:
+            if index in primed:
                 try:
-                    primer()
-                except Exception:  # noqa: BLE001 - the job itself says whether this engine runs
+                    job()
+                except Exception:  # noqa: BLE001 - the timed run says whether this job runs
                     pass
             start = clock()
             try:
