@@ -57,6 +57,7 @@ from gebackend.engines.base import (
 )
 from gebackend.engines.onnxruntime import (describe_provider, describe_tuning, disabled_optimizers, open_session,
                                            owns_process, session_options, share_thread_pool, shared_thread_pool)
+from gebackend.engines.ort_binding import BoundSession
 from gebackend.engines.providers import as_selection, run_options_config
 from gebackend.compile.graph import CompiledGraph
 from gebackend.errors import ModelLoadError
@@ -88,110 +89,6 @@ def _static_shape(value: onnx.ValueInfoProto) -> tuple[int, ...] | None:
     dims = value.type.tensor_type.shape.dim
     shape = tuple(d.dim_value for d in dims)
     return shape if all(d.HasField("dim_value") and d.dim_value > 0 for d in dims) else None
-
-
-class _Bound:
-    """One session with its inputs and outputs bound to buffers allocated once (runtime-shaped outputs: per run)."""
-
-    def __init__(self, session: ort.InferenceSession, graph: _Prepared, device: str, device_id: int = 0,
-                 run_config: Mapping[str, str] | None = None, captured: bool = False):
-        self.session = session
-        self.device, self.device_id, self.captured = device, device_id, captured
-        self.run_config = dict(run_config or {})  # RunOptions entries every run carries (gpu_graph_id of a capture)
-        self.run_options = run_options_config(self.run_config)
-        self.output_order = [m.name for m in session.get_outputs()]
-        self.inputs: dict[str, object] = {}
-        self.outputs: dict[str, object | None] = {}
-        # strings (and other types IOBinding cannot take) run through session.run, on this same session
-        self.plain = not all(m.type in _ORT_TYPES for m in [*session.get_inputs(), *session.get_outputs()])
-        if self.plain:
-            self.inputs = {m.name: np.zeros(graph.shapes[m.name], _ORT_TYPES[m.type]) if m.type in _ORT_TYPES
-                           else np.full(graph.shapes[m.name], "", dtype=object) for m in session.get_inputs()}
-            return  # (these arrays only give the warm-up its shapes and types)
-        self.binding = session.io_binding()
-        for meta in session.get_inputs():
-            shape = graph.shapes[meta.name]
-            dtype = _numpy_type(meta.type)
-            if device == "cuda":
-                value = ort.OrtValue.ortvalue_from_shape_and_type(shape, dtype, "cuda", device_id)
-                self.binding.bind_ortvalue_input(meta.name, value)
-            else:
-                value = np.zeros(shape, dtype=dtype)
-                self.binding.bind_cpu_input(meta.name, value)
-            self.inputs[meta.name] = value
-        for meta in session.get_outputs():
-            shape = graph.output_shapes.get(meta.name)
-            if shape is None:
-                self.binding.bind_output(meta.name, device, device_id)  # shape known only at run time
-                self.outputs[meta.name] = None
-                continue
-            dtype = _numpy_type(meta.type)
-            if device == "cuda":
-                value = ort.OrtValue.ortvalue_from_shape_and_type(shape, dtype, "cuda", device_id)
-                self.binding.bind_ortvalue_output(meta.name, value)
-            else:
-                value = np.empty(shape, dtype=dtype)
-                self.binding.bind_output(meta.name, "cpu", 0, dtype, shape, value.ctypes.data)
-            self.outputs[meta.name] = value
-        self._runtime = self._runtime_outputs()
-
-    def _runtime_outputs(self) -> list[tuple[str, int]]:
-        """The outputs allocated per run (their shape known only then), with their position among the outputs."""
-        return [(name, self.output_order.index(name)) for name, value in self.outputs.items() if value is None]
-
-    def run(self, feeds: Mapping[str, np.ndarray], output_names: Sequence[str], options: ort.RunOptions | None = None) -> list[np.ndarray]:
-        options = options if options is not None else self.run_options
-        if self.plain:
-            return self.session.run(list(output_names), {name: feeds[name] for name in self.inputs}, options)
-        for name, value in self.inputs.items():
-            if self.device == "cuda":
-                value.update_inplace(np.ascontiguousarray(feeds[name]))
-            else:
-                np.copyto(value, feeds[name])
-        for name, _ in self._runtime:  # unallocated again: the binding still holds the last run's value
-            self.binding.bind_output(name, self.device, self.device_id)
-        self.session.run_with_iobinding(self.binding, options)
-        fetched = {}
-        if self._runtime:
-            values = self.binding.get_outputs()
-            for name, position in self._runtime:
-                fetched[name] = values[position].numpy()
-        result = []
-        for name in output_names:
-            value = self.outputs[name]
-            if value is None:
-                result.append(fetched[name])
-            elif self.device == "cuda":
-                result.append(value.numpy())
-            else:
-                result.append(value.copy())  # the buffer is reused by the next run
-        return result
-
-    def unbind_mismatched(self, output_names: Sequence[str], arrays: Sequence[np.ndarray]) -> None:
-        """Allocate per run, from now on, every bound output these (correct) arrays show to have another shape."""
-        if self.device != "cpu" or self.plain:
-            return  # a device graph may have been captured on these buffers: keep them
-        for name, array in zip(output_names, arrays):
-            value = self.outputs.get(name)
-            if isinstance(value, np.ndarray) and value.shape != np.shape(array):
-                self.outputs[name] = None
-                self.binding.bind_output(name, self.device)
-        self._runtime = self._runtime_outputs()
-
-
-_ORT_TYPES = {
-    "tensor(float)": np.float32, "tensor(double)": np.float64, "tensor(float16)": np.float16,
-    "tensor(int64)": np.int64, "tensor(int32)": np.int32, "tensor(int16)": np.int16, "tensor(int8)": np.int8,
-    "tensor(uint64)": np.uint64, "tensor(uint32)": np.uint32, "tensor(uint16)": np.uint16, "tensor(uint8)": np.uint8,
-    "tensor(bool)": np.bool_,
-}
-
-
-def _numpy_type(ort_type: str):
-    try:
-        return _ORT_TYPES[ort_type]
-    except KeyError:
-        raise ModelLoadError(f"static graph mode cannot bind a {ort_type} tensor; use dynamic graph mode") from None
 
 
 def _thread_pool(session: OrtSessionOptions, buckets: int, cpu: bool, owns_process: bool) -> str:
@@ -244,7 +141,7 @@ class OrtStaticEngine(StaticEngine):
         self._unshared: set[int] = set()  # buckets that failed on the shared weights and hold their own
         self._shared: dict[str, tuple[np.ndarray, ort.OrtValue]] = {}
         self._private_bytes = 0
-        self._swap: ProfilingSwap[dict[int, _Bound]] = ProfilingSwap({})  # bucket -> its bound session
+        self._swap: ProfilingSwap[dict[int, BoundSession]] = ProfilingSwap({})  # bucket -> its bound session
         self._workdir = Path(tempfile.mkdtemp(prefix="gebackend-static-", dir=temp_parent))
         weakref.finalize(self, shutil.rmtree, str(self._workdir), True)  # also when the engine is dropped, not closed
         try:
@@ -273,7 +170,7 @@ class OrtStaticEngine(StaticEngine):
             self._swap.serving[number] = bound
 
     @staticmethod
-    def _warm_up(bound: "_Bound", runs: int) -> bool:
+    def _warm_up(bound: "BoundSession", runs: int) -> bool:
         quiet = run_options_config(bound.run_config) or ort.RunOptions()  # the capture's gpu_graph_id too
         quiet.log_severity_level = 4  # a warm-up failing on zeros is no error worth a log line
         return warm_up(lambda: bound.run({n: v.copy() if isinstance(v, np.ndarray) else v.numpy() for n, v in bound.inputs.items()},
@@ -314,7 +211,7 @@ class OrtStaticEngine(StaticEngine):
             index=number - 1,
         )
 
-    def _build(self, graph: _Prepared, profile_prefix: Path | None = None) -> _Bound:
+    def _build(self, graph: _Prepared, profile_prefix: Path | None = None) -> BoundSession:
         capture = (self._options.static.enable_cuda_graph and profile_prefix is None and graph.fully_static
                    and self._selection.can_capture)
         try:
@@ -328,7 +225,7 @@ class OrtStaticEngine(StaticEngine):
                 raise ModelLoadError(f"ONNX Runtime cannot build the static graph for {dict(graph.shapes)}: {exc}") from None
             self._refused.append(f"{graph.label}: {str(exc).strip().splitlines()[-1][:200]}")
         self._selection.verify(session.get_providers())
-        return _Bound(session, graph, self.device, self._selection.device_id,
+        return BoundSession(session, graph, self.device, self._selection.device_id,
                       self._selection.run_config(graph.index, capture), captured=capture)
 
     def _open(self, graph: _Prepared, profile_prefix: Path | None, capture: bool) -> ort.InferenceSession:
@@ -352,7 +249,7 @@ class OrtStaticEngine(StaticEngine):
                 return self._rerun(bound, feeds, output_names, exc)
 
     @staticmethod
-    def _rerun(bound: _Bound, feeds, output_names, exc: Exception) -> list[np.ndarray]:
+    def _rerun(bound: BoundSession, feeds, output_names, exc: Exception) -> list[np.ndarray]:
         """run_with_iobinding reports every failure as a RuntimeError; a plain run of the same feeds (on the
         error path only) tells the request's fault (INVALID_ARGUMENT, e.g. a token id outside the vocabulary)
         from ours. When the plain run succeeds, the bound buffers were at fault (an output at another size than
