@@ -263,3 +263,32 @@ def test_the_winner_is_a_refined_finalist_not_an_older_screening_window():
     done = run(cs, m, clock, finalists=2)
     assert done.winner.candidate.key == cs[1].key and done.winner.throughput == 60.0
     assert {o.status for o in done.outcomes if o.candidate.key not in (cs[0].key, cs[1].key)} == {"ok"}
+
+
+def test_after_a_new_best_its_neighbours_are_screened_before_the_other_rungs_variations():
+    clock = Clock()
+    full = cands(quick=False)
+    # a lowered rung the prior put third wins by 3x: its layouts and delays come next, not the exact rung's
+    winner = next(c for c in full if c.ranks == (2, 0, 0, 0))
+    m = FakeMeasurer(clock, throughput={winner.key: 300.0})
+    run(full, m, clock, finalists=1, rounds=1)
+    screened = [e[1] for e in m.events if e[0] == "measure" and e[2] == "screen"]
+    after = screened[screened.index(winner.key) + 2:]  # (measured twice: a new best by far)
+    ranks = {c.key: c.ranks for c in full}
+    steps = [sum(abs(a - b) for a, b in zip(ranks[key], winner.ranks)) for key in after]
+    assert steps == sorted(steps), steps  # nearest the winner first
+    neighbours = [c.key for c in full if sum(abs(a - b) for a, b in zip(c.ranks, winner.ranks)) == 1
+                  and c.key not in screened[:screened.index(winner.key)]]
+    assert neighbours and after[:len(neighbours)] == neighbours
+    # before it won, the prior order: the candidates ahead of it in that order, then it
+    before = screened[:screened.index(winner.key)]
+    assert before == [c.key for c in full[:len(before)]]
+
+
+def test_until_something_beats_the_first_the_prior_order_is_kept():
+    clock = Clock()
+    full = cands(quick=False)
+    m = FakeMeasurer(clock)
+    run(full, m, clock, finalists=1, rounds=1)
+    screened = [e[1] for e in m.events if e[0] == "measure" and e[2] == "screen"]
+    assert screened == [c.key for c in full]

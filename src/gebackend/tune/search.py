@@ -4,8 +4,10 @@
    first: they are the references of the report's ratio columns.
 2. The accuracy guard: once per (engine, precision rung), in process; a rung below `min_cosine` drops all its
    candidates ("rejected: cosine X < Y").
-3. Screening: one short perf_analyzer window per candidate, in prior order (space.py); one that beats the best so
-   far by more than 1.5x is measured twice and the lower counts (it becomes the reference). A candidate below half
+3. Screening: one short perf_analyzer window per candidate, nearest the best so far first: the fewest rank steps
+   from it over the dimensions, prior order (space.py) among equals, so a rung that wins (int8 where the prior put
+   the exact one first) has its instance layouts and delays measured next, before the other rungs' variations. One
+   that beats the best so far by more than 1.5x is measured twice and the lower counts (it becomes the reference). A candidate below half
    the best so far is "pruned"; when it differs from the best in one dimension only, that dimension's value is dead
    and the later candidates having it are pruned unmeasured. p99 above the latency budget: "over budget" (kept
    in the report, cannot win).
@@ -184,9 +186,8 @@ class Search:
                 self._screen(ref)
             self._accuracy_guard()
             self.steps = len(self.references) + sum(o.status == "not run" for o in self.outcomes)
-            for outcome in self.outcomes:
-                if outcome.status == "not run":
-                    self._screen(outcome)
+            while (outcome := self._next_to_screen()) is not None:
+                self._screen(outcome)
             self._refine()
         except KeyboardInterrupt:
             self.interrupted = True
@@ -222,6 +223,21 @@ class Search:
             outcome.cosine = value
             if value < self.settings.min_cosine:
                 outcome.status = f"rejected: cosine {value:.6f} < {self.settings.min_cosine}"
+
+    def _next_to_screen(self) -> Outcome | None:
+        """The unmeasured candidate nearest the best so far: the fewest rank steps from it over the dimensions (prior
+        order among equals). Until a candidate beats the first, that is the prior order itself."""
+        waiting = [(i, o) for i, o in enumerate(self.outcomes) if o.status == "not run"]
+        if not waiting:
+            return None
+        best = self.best()
+        anchor = best.candidate.ranks if best is not None else ()
+
+        def steps(outcome: Outcome) -> int:
+            ranks = outcome.candidate.ranks
+            return sum(abs(a - b) for a, b in zip(ranks, anchor)) if len(ranks) == len(anchor) else 0
+
+        return min(waiting, key=lambda pair: (steps(pair[1]), pair[0]))[1]
 
     def best(self) -> Outcome | None:
         ok = [o for o in self.outcomes if o.eligible and o.throughput]
