@@ -95,20 +95,27 @@ def favoured_rungs(model: space.TunedModel, cpu_flags: Iterable[str] | None = No
                    openvino_caps: Iterable[str] | None = None) -> space.Favoured:
     """Which (engine, rung) pairs this CPU runs natively for `model`, in the order to measure them, and why: int8
     where it has VNNI (NNCF's static int8 on OpenVINO first; ONNX Runtime's dynamic int8, which quantizes only
-    MatMul/Gemm, for a MatMul model), then bf16 where OpenVINO reports BF16. Measured in process on an AMD EPYC with
-    AVX512-VNNI and BF16 (batch 4, 2 threads, x ONNX Runtime's fp32): NNCF's int8 3.3-3.75x on ResNet-50 and the
-    4-layer CN_CLIP encoders, ONNX Runtime's dynamic int8 2.6-2.7x on the encoders (0.96x on ResNet-50), OpenVINO's
-    bf16 1.9-2.2x; on a Xeon with AMX the same order held through Triton (docs/tuning.md)."""
+    MatMul/Gemm, for a MatMul model), NNCF's static int8 for a convolution model where it has AVX2 without VNNI,
+    then bf16 where OpenVINO reports BF16. Measured in process on an AMD EPYC with AVX512-VNNI and BF16 (batch 4, 2
+    threads, x ONNX Runtime's fp32): NNCF's int8 3.3-3.75x on ResNet-50 and the 4-layer CN_CLIP encoders, ONNX
+    Runtime's dynamic int8 2.6-2.7x on the encoders (0.96x on ResNet-50), OpenVINO's bf16 1.9-2.2x; on a Xeon with AMX
+    the same order held through Triton. Without VNNI, on AVX2-only AMD EPYCs through Triton, NNCF's int8 of the
+    convolution models served 1.5-1.9x the exact graph on a Zen 3 (ResNet-50, resnet_small) and 1.05x on a Zen 1,
+    never less, while on MatMul models it ran at half its f32 (`slow_rungs`) (docs/tuning.md)."""
     from gebackend.engines import auto_choice, cpu
 
     flags = frozenset(cpu.flags() if cpu_flags is None else cpu_flags)
     caps = frozenset(capabilities(installed_engines()) if openvino_caps is None else openvino_caps)
     vnni = "/".join(sorted(flags & cpu.VNNI_FLAGS))
-    convs, matmuls = auto_choice.weighted_op_counts(model.onnx_path) if vnni else (0, 0)
+    avx2 = "avx2" in flags
+    convs, matmuls = auto_choice.weighted_op_counts(model.onnx_path) if vnni or avx2 else (0, 0)
 
     def favoured(engine: str, rung: space.PrecisionRung) -> tuple[int, str] | None:
         if vnni and engine == "openvino" and rung.name == "int8-static":
             return 0, f"int8 with {vnni}: NNCF's static int8 ran 3.3-3.75x fp32 on such CPUs"
+        if avx2 and convs > matmuls and engine == "openvino" and rung.name == "int8-static":
+            return 0, (f"int8 on a convolution model ({convs} Conv vs {matmuls} MatMul/Gemm) with AVX2, no VNNI: "
+                       "NNCF's static int8 served 1.05-1.9x the exact graph on such CPUs")
         if vnni and engine == "onnxruntime" and rung.name == "int8" and matmuls >= convs:
             return 1, (f"int8 with {vnni} on a MatMul model ({matmuls} MatMul/Gemm vs {convs} Conv): ONNX Runtime's "
                        "dynamic int8 ran 2.6-2.7x fp32 on such CPUs")
