@@ -170,3 +170,12 @@ def test_rungs_this_cpu_runs_natively_are_measured_first_in_their_order():
 
     both = [(engine, rung.name) for engine, rung in space.numerics(BOTH, BF16_CAPS, slow=slow, favoured=favoured)]
     assert both[:2] == [("onnxruntime", "int8"), ("openvino", "bf16")] and both[-1] == ("openvino", "int8-static")
+
+
+def test_no_queue_delay_is_tried_at_concurrency_1_where_nothing_can_join_the_one_request():
+    assert space.queue_delays(8, 1) == [0]
+    assert space.queue_delays(8, 4) == list(space.DELAYS_US)
+    assert space.queue_delays(0, 4) == [None]  # no batching: no dynamic_batching at all
+    alone = space.space(2, BOTH, AVX2_CAPS, 8, 1)
+    assert {c.scenario.max_queue_delay_us for c in alone} == {0} and all(c.scenario.dynamic_batching for c in alone)
+    assert len(space.space(2, BOTH, AVX2_CAPS, 8, 4)) == 3 * len(alone) * 2  # and 2 layouts instead of 1

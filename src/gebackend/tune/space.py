@@ -173,6 +173,14 @@ def instance_layouts(cores: int, concurrency: int) -> list[tuple[int, int]]:
     return layouts
 
 
+def queue_delays(max_batch_size: int, concurrency: int) -> list[int | None]:
+    """The max_queue_delay_microseconds rungs: none without batching (None: no dynamic_batching), and only 0 at
+    concurrency 1, where no second request can join the one in flight and a delay only holds it back."""
+    if max_batch_size <= 0:
+        return [None]
+    return [0] if concurrency <= 1 else list(DELAYS_US)
+
+
 Slow = Callable[[str, PrecisionRung], str]  # (engine, rung) -> why it is expected to lose here ("" = not)
 # (engine, rung) -> (its place among the favoured, why this CPU is expected to run it fastest), or None: not favoured
 Favoured = Callable[[str, PrecisionRung], "tuple[int, str] | None"]
@@ -239,7 +247,7 @@ def space(cores: int, engines: Sequence[str], capabilities: Sequence[str], max_b
     graphs = ([False, True] if trim else [True, False]) if static_ok else [False]
     uncut = STATIC_UNCUT_RANK if trim else 0  # the static graph's rank offset when the others cut their padding
     layouts = instance_layouts(cores, concurrency)
-    delays: list[int | None] = list(DELAYS_US) if max_batch_size > 0 else [None]
+    delays = queue_delays(max_batch_size, concurrency)
     if quick:
         return _quick(pairs, graphs, layouts, delays, max_batch_size, cores, trim)
     out = []
