@@ -45,30 +45,29 @@ class BoundSession:
             return  # (these arrays only give the warm-up its shapes and types)
         self.binding = session.io_binding()
         for meta in session.get_inputs():
-            shape = graph.shapes[meta.name]
-            dtype = _numpy_type(meta.type)
-            if device == "cuda":
-                value = ort.OrtValue.ortvalue_from_shape_and_type(shape, dtype, "cuda", device_id)
-                self.binding.bind_ortvalue_input(meta.name, value)
-            else:
-                value = np.zeros(shape, dtype=dtype)
-                self.binding.bind_cpu_input(meta.name, value)
-            self.inputs[meta.name] = value
+            self.inputs[meta.name] = self._bind(meta.name, graph.shapes[meta.name], _numpy_type(meta.type), False)
         for meta in session.get_outputs():
             shape = graph.output_shapes.get(meta.name)
             if shape is None:
                 self.binding.bind_output(meta.name, device, device_id)  # shape known only at run time
                 self.outputs[meta.name] = None
-                continue
-            dtype = _numpy_type(meta.type)
-            if device == "cuda":
-                value = ort.OrtValue.ortvalue_from_shape_and_type(shape, dtype, "cuda", device_id)
-                self.binding.bind_ortvalue_output(meta.name, value)
             else:
-                value = np.empty(shape, dtype=dtype)
-                self.binding.bind_output(meta.name, "cpu", 0, dtype, shape, value.ctypes.data)
-            self.outputs[meta.name] = value
+                self.outputs[meta.name] = self._bind(meta.name, shape, _numpy_type(meta.type), True)
         self._runtime = self._runtime_outputs()
+
+    def _bind(self, name: str, shape: tuple[int, ...], dtype, output: bool):
+        """A buffer allocated once for one input or output, bound to it: an OrtValue in device memory on CUDA, a
+        numpy array on the CPU."""
+        if self.device == "cuda":
+            value = ort.OrtValue.ortvalue_from_shape_and_type(shape, dtype, "cuda", self.device_id)
+            (self.binding.bind_ortvalue_output if output else self.binding.bind_ortvalue_input)(name, value)
+        elif output:
+            value = np.empty(shape, dtype=dtype)
+            self.binding.bind_output(name, "cpu", 0, dtype, shape, value.ctypes.data)
+        else:
+            value = np.zeros(shape, dtype=dtype)
+            self.binding.bind_cpu_input(name, value)
+        return value
 
     def _runtime_outputs(self) -> list[tuple[str, int]]:
         """The outputs allocated per run (their shape known only then), with their position among the outputs."""
