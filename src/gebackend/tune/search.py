@@ -7,10 +7,10 @@
 3. Screening: one short perf_analyzer window per candidate, nearest the best so far first: the fewest rank steps
    from it over the dimensions, prior order (space.py) among equals, so a rung that wins (int8 where the prior put
    the exact one first) has its instance layouts and delays measured next, before the other rungs' variations. One
-   that beats the best so far by more than 1.5x is measured twice and the lower counts (it becomes the reference). A candidate below half
-   the best so far is "pruned"; when it differs from the best in one dimension only, that dimension's value is dead
-   and the later candidates having it are pruned unmeasured. p99 above the latency budget: "over budget" (kept
-   in the report, cannot win).
+   that beats the best so far by more than 1.5x is measured twice and the lower counts (it becomes the reference).
+   A candidate below half the best so far is "pruned"; when it differs from the best in one dimension only, that
+   dimension's value is dead and the later candidates having it are pruned unmeasured. p99 above the latency
+   budget: "over budget" (kept in the report, cannot win).
 4. Refining: the best `finalists` (3) and the references are served together and measured with longer windows in
    interleaved rounds (candidate A, B, C, baseline, A, B, ...); medians and the spread are reported, the best
    median within the latency budget wins.
