@@ -82,6 +82,13 @@ def test_key_changes_with_the_bytes_and_the_options(model, tmp_path):
     assert precision_cache.cache_key(model, {"mode": "int8", "quantization": "static"}) != base
 
 
+def test_a_new_lowering_does_not_serve_the_old_lowerings_entries(model, monkeypatch):
+    options = {"mode": "int8", "quantization": "static"}
+    before = precision_cache.cache_key(model, options)
+    monkeypatch.setattr(precision_cache, "LOWERING_VERSION", precision_cache.LOWERING_VERSION + "+1")
+    assert precision_cache.cache_key(model, options) != before
+
+
 def test_second_load_reuses_without_quantizing(model, counting):
     lines = []
     first = _lower(model, lines.append, quantization="static")

@@ -34,6 +34,7 @@ from typing import Callable, Sequence
 
 import onnx
 
+from gebackend.compile.untie import untie_constants
 from gebackend.errors import ModelLoadError
 
 PRECISIONS = ("origin", "fp16", "bf16", "int8")
@@ -66,9 +67,10 @@ def _large(path: Path) -> bool:
 
 
 @contextlib.contextmanager
-def quantizer_source(path: Path, scratch: Path):
-    """What to hand ONNX Runtime's quantizers for the model at `path`: the loaded model, or for a model over 2 GB
-    (which cannot be loaded whole) a path to it in a private folder under `scratch`.
+def quantizer_source(path: Path, scratch: Path, log: Callable[[str], None] = lambda message: None):
+    """What to hand ONNX Runtime's quantizers for the model at `path`: the loaded model with its constants untied
+    (compile/untie.py: an Identity of an initializer hides it from the quantizers; `log` hears how many), or for a
+    model over 2 GB (which cannot be loaded whole, and is not untied) a path to it in a private folder under `scratch`.
 
     Given a path, the quantizers write `<stem>-inferred.onnx` beside it and delete it after. Beside the model that
     fails on a read-only repository, and two instances lowering the same file at once break each other (seen on
@@ -77,7 +79,12 @@ def quantizer_source(path: Path, scratch: Path):
     copy costs the model's size in `scratch` for as long as the quantizer runs. A file of that scratch name in
     the repository is not copied."""
     if not _large(path):
-        yield onnx.load(str(path))
+        model = onnx.load(str(path))
+        untied = untie_constants(model)
+        if untied:
+            log(f"precision int8: {untied} constant(s) the graph shared through Identity nodes given to their "
+                "consumers as their own initializers, so the quantizer sees them as constants")
+        yield model
         return
     scratch.mkdir(parents=True, exist_ok=True)
     inferred = f"{path.stem}-inferred{path.suffix}"
@@ -156,7 +163,7 @@ def _int8(path: Path, out: Path, op_types: tuple[str, ...], log: Callable[[str],
 
     before = onnx.load(str(path), load_external_data=False)
     candidates = _count(before, op_types, weighted=True)
-    with quantizer_source(path, out.parent) as source, _quiet():
+    with quantizer_source(path, out.parent, log) as source, _quiet():
         quantize_dynamic(
             source, str(out), op_types_to_quantize=list(op_types), weight_type=QuantType.QInt8,
             use_external_data_format=_large(path),

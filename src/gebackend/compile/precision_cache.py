@@ -10,8 +10,9 @@ precision/`, then `$XDG_CACHE_HOME` or `~/.cache` `/gebackend/<model>/precision/
 An entry is `<model stem>.<mode>[-<quantization>].<key>.onnx` (plus `.data` for models over 1 GiB); its key is a
 sha256 of the model file's bytes and its external data files, the precision options (mode, quantization, engine,
 calibration sample count and a sha256 of the calibration files, and for static int8 the CPU's `int8_range`, full or
-7-bit weights: compile/quantize_static.py), and the onnx, onnxruntime and nncf versions: a changed model, option,
-library or kind of CPU is a new entry (a repository shared by machines of both kinds holds one of each). Old
+7-bit weights: compile/quantize_static.py), the onnx, onnxruntime and nncf versions, and `LOWERING_VERSION` (raised
+when our own lowering writes a different file from the same inputs): a changed model, option, library, lowering or
+kind of CPU is a new entry (a repository shared by machines of both kinds holds one of each). Old
 entries are not removed: delete the folder to clear it.
 
 Safe for instances loading at once: one lock file per entry (fcntl.lockf), held while checking and building; the build
@@ -42,6 +43,10 @@ from gebackend.errors import ModelLoadError
 
 LEAF = "precision"
 _CHUNK = 1 << 20
+# Raised whenever compile/precision.py or compile/quantize_static.py write a different file from the same model and
+# options, so that entries made by the old lowering are not served. 2: constants untied before ONNX Runtime's
+# quantizers (compile/untie.py).
+LOWERING_VERSION = "2"
 
 
 @dataclass(frozen=True)
@@ -80,7 +85,8 @@ def _version(package: str) -> str:
 def cache_key(model_path: Path, options: Mapping[str, str], data: list[Path] = ()) -> str:
     """sha256 over the model's bytes, the precision options, the calibration files and the libraries' versions."""
     h = _sha256_files(model_files(model_path))
-    for name, value in sorted({**options, **{f"version.{p}": _version(p) for p in ("onnx", "onnxruntime", "nncf")}}.items()):
+    versions = {f"version.{p}": _version(p) for p in ("onnx", "onnxruntime", "nncf")}
+    for name, value in sorted({**options, **versions, "version.lowering": LOWERING_VERSION}.items()):
         h.update(f"\0{name}={value}".encode())
     h.update(f"\0calibration={_sha256_files(data).hexdigest() if data else 'none'}".encode())
     return h.hexdigest()

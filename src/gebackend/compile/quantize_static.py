@@ -140,7 +140,7 @@ def quantize_onnxruntime(path: Path, out: Path, samples: Sequence[dict], log: Ca
     activation, weight, reduce_range, why = ort_types()
     large = _large(path)
     try:
-        with quantizer_source(path, out.parent) as source, quiet():
+        with quantizer_source(path, out.parent, log) as source, quiet():
             quantize_static(
                 source, str(out), _Reader(samples), quant_format=QuantFormat.QDQ, per_channel=True,
                 reduce_range=reduce_range, activation_type=getattr(QuantType, activation),

@@ -1,0 +1,73 @@
+"""compile/untie.py: an Identity of an initializer becomes an initializer of its own, the graph computing the same,
+so that ONNX Runtime's static int8 fuses every convolution of a torch-exported net into an int8 kernel."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import TensorProto, helper, numpy_helper
+
+from gebackend.compile import quantize_static
+from gebackend.compile.calibration import random_samples
+from gebackend.compile.untie import untie_constants
+
+
+def shared_bias_convnet() -> onnx.ModelProto:
+    """Two 3x3 convolutions sharing one bias, the second through an Identity (as PyTorch's exporter writes it)."""
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array((rng.standard_normal((8, c, 3, 3)) / 6).astype(np.float32), f"w{i}")
+             for i, c in ((1, 4), (2, 8))]
+    inits.append(numpy_helper.from_array(rng.standard_normal(8).astype(np.float32) / 10, "bias"))
+    nodes = [helper.make_node("Conv", ["x", "w1", "bias"], ["c1"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c1"], ["r1"]),
+             helper.make_node("Identity", ["bias"], ["bias_again"]),
+             helper.make_node("Conv", ["r1", "w2", "bias_again"], ["c2"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c2"], ["y"])]
+    graph = helper.make_graph(nodes, "net", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 4, 16, 16])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 8, 16, 16])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+
+
+def _run(model: onnx.ModelProto, x: np.ndarray) -> list[np.ndarray]:
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return session.run(None, {"x": x})
+
+
+def test_an_identity_of_an_initializer_becomes_its_own_initializer_and_the_outputs_stay_the_same():
+    model = shared_bias_convnet()
+    x = np.random.default_rng(1).standard_normal((2, 4, 16, 16)).astype(np.float32)
+    before = _run(model, x)
+    assert untie_constants(model) == 1
+    assert [n.op_type for n in model.graph.node] == ["Conv", "Relu", "Conv", "Relu"]
+    copy = next(i for i in model.graph.initializer if i.name == "bias_again")
+    assert np.array_equal(numpy_helper.to_array(copy), numpy_helper.to_array(
+        next(i for i in model.graph.initializer if i.name == "bias")))
+    onnx.checker.check_model(model)
+    np.testing.assert_array_equal(_run(model, x)[0], before[0])
+
+
+def test_an_identity_giving_a_graph_output_or_reading_an_overridable_default_is_kept():
+    model = shared_bias_convnet()
+    model.graph.output.append(helper.make_tensor_value_info("bias_again", TensorProto.FLOAT, [8]))
+    assert untie_constants(model) == 0
+    model = shared_bias_convnet()
+    model.graph.input.append(helper.make_tensor_value_info("bias", TensorProto.FLOAT, [8]))  # IR 3 style default
+    assert untie_constants(model) == 0
+    assert "Identity" in {n.op_type for n in model.graph.node}
+
+
+def test_onnxruntime_static_int8_runs_every_convolution_as_an_int8_kernel_when_a_bias_is_shared(tmp_path):
+    source, out = tmp_path / "net.onnx", tmp_path / "net.int8.onnx"
+    onnx.save(shared_bias_convnet(), str(source))
+    lines = []
+    quantize_static.quantize("onnxruntime", source, out, random_samples(source, 8), lines.append)
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+    options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    ort.InferenceSession(str(out), options, providers=["CPUExecutionProvider"])
+    ops = Counter(node.op_type for node in onnx.load(options.optimized_model_filepath).graph.node)
+    assert ops["QLinearConv"] == 2 and ops["Conv"] == 0, ops  # untied: no fp32 Conv between DequantizeLinear nodes
+    assert any("1 constant(s) the graph shared through Identity" in line for line in lines), lines
