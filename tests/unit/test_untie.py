@@ -49,6 +49,16 @@ def test_an_identity_of_an_initializer_becomes_its_own_initializer_and_the_outpu
     np.testing.assert_array_equal(_run(model, x)[0], before[0])
 
 
+def test_a_chain_of_identities_is_untied_to_its_end():
+    model = shared_bias_convnet()
+    conv = model.graph.node[3]
+    conv.input[2] = "bias_thrice"
+    model.graph.node.insert(3, helper.make_node("Identity", ["bias_again"], ["bias_thrice"]))
+    assert untie_constants(model) == 2
+    assert "Identity" not in {n.op_type for n in model.graph.node}
+    onnx.checker.check_model(model)
+
+
 def test_an_identity_giving_a_graph_output_or_reading_an_overridable_default_is_kept():
     model = shared_bias_convnet()
     model.graph.output.append(helper.make_tensor_value_info("bias_again", TensorProto.FLOAT, [8]))

@@ -35,6 +35,7 @@ def untie_constants(model: onnx.ModelProto) -> int:
         copy.CopyFrom(source)
         copy.name = node.output[0]
         copies.append(copy)
+        initializers[copy.name] = copy  # an Identity of this Identity (nodes come in topological order) goes too
     if copies:
         del graph.node[:]
         graph.node.extend(kept)
