@@ -8,11 +8,14 @@
   the user's requests (--input-data) or one valid seeded input for every request, its CSV and logs under OUT/perf/<key>/;
 - the accuracy guard is the bench's in-process check (`inprocess.Ceiling` + `inprocess.accuracy`: the
   candidate's engine and precision loaded as the backend loads them, cosine to a plain fp32 ONNX Runtime
-  session on 4 random inputs).
+  session on 4 random inputs), and the same loaded instance then times one request (`request_ms`, about a
+  second), which orders the rungs for screening (numerics_order.py).
 """
 
 from __future__ import annotations
 
+import statistics
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Callable
@@ -20,6 +23,7 @@ from typing import Callable
 from gebackend.bench import inprocess, perf_analyzer, scenarios
 from gebackend.bench.runner import Bench, BenchSettings
 from gebackend.tune import config_writer
+from gebackend.tune.numerics_order import Check
 from gebackend.tune.search import Measurement, MeasureFailed
 from gebackend.tune.space import Candidate, PrecisionRung, TunedModel, make_candidate
 
@@ -29,6 +33,7 @@ SCREEN = perf_analyzer.PerfSettings(measurement_interval_ms=1500, stability_perc
 REFINE = perf_analyzer.PerfSettings(measurement_interval_ms=3000, stability_percentage=100, max_trials=3, timeout_s=240)
 QUICK_SCREEN = perf_analyzer.PerfSettings(measurement_interval_ms=800, stability_percentage=100, max_trials=3, timeout_s=90)
 QUICK_REFINE = perf_analyzer.PerfSettings(measurement_interval_ms=1500, stability_percentage=100, max_trials=3, timeout_s=90)
+TIMING_S = 1.0  # the accuracy guard's timing of one request in process, per (engine, precision rung)
 
 
 def random_feeds(model: TunedModel, batch: int = 1, seed: int = 0):
@@ -40,6 +45,19 @@ def random_feeds(model: TunedModel, batch: int = 1, seed: int = 0):
         dims = model.request_dims(t)
         shapes[t.name] = ((batch, *dims[1:]) if model.max_batch_size > 0 else dims)
     return feeds(model.onnx_path, shapes, seed=seed)
+
+
+def request_ms(ceiling: inprocess.Ceiling, feeds, seconds: float = TIMING_S, least: int = 3) -> float:
+    """The median milliseconds of one request run by the loaded instance, after one unmeasured run, over about
+    `seconds` (at least `least` runs)."""
+    ceiling.run_once(feeds)
+    times: list[float] = []
+    deadline = time.perf_counter() + seconds
+    while time.perf_counter() < deadline or len(times) < least:
+        started = time.perf_counter()
+        ceiling.run_once(feeds)
+        times.append(time.perf_counter() - started)
+    return 1000 * statistics.median(times)
 
 
 class Served:
@@ -79,7 +97,8 @@ class BenchMeasurer:
         except Exception as exc:  # noqa: BLE001 - the reason is the rung's status
             raise MeasureFailed(f"{type(exc).__name__}: {exc}") from None
         try:
-            return float(inprocess.accuracy(ceiling, self.model.onnx_path, random_feeds(self.model, 4, seed=1))["cosine"])
+            cosine = float(inprocess.accuracy(ceiling, self.model.onnx_path, random_feeds(self.model, 4, seed=1))["cosine"])
+            return Check(cosine, request_ms(ceiling, random_feeds(self.model)))
         except Exception as exc:  # noqa: BLE001
             raise MeasureFailed(f"{type(exc).__name__}: {exc}") from None
         finally:

@@ -3,7 +3,8 @@
 1. The baseline (the original config) and, where asked, the peer (Triton's onnxruntime backend) are measured
    first: they are the references of the report's ratio columns.
 2. The accuracy guard: once per (engine, precision rung), in process; a rung below `min_cosine` drops all its
-   candidates ("rejected: cosine X < Y").
+   candidates ("rejected: cosine X < Y"). Where the measurer also timed a request there, the rungs are screened
+   fastest first and those under half the fastest's speed are pruned unserved (numerics_order.py).
 3. Screening: one short perf_analyzer window per candidate, nearest the best so far first: the fewest rank steps
    from it over the dimensions, prior order (space.py) among equals, so a rung that wins (int8 where the prior put
    the exact one first) has its instance layouts and delays measured next, before the other rungs' variations. One
@@ -18,8 +19,8 @@
 Nothing is started that the remaining time cannot fit: every start is checked against an estimate made from
 what was measured so far (server start-up per engine and graph mode, perf_analyzer wall time per window), and
 screening stops early enough to leave the refining its time (fewer rounds when short; the clock and the estimates
-are budget.py's). Ctrl-C or the budget
-ends it cleanly with the best so far. Measurement is a `Measurer` (measure.py, or a fake in tests).
+are budget.py's). Ctrl-C or the budget ends it cleanly with the best so far. Measurement is a `Measurer` (measure.py,
+or a fake in tests).
 """
 
 from __future__ import annotations
@@ -28,7 +29,9 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Callable, Protocol, Sequence
 
+from gebackend.tune import numerics_order
 from gebackend.tune.budget import Budget
+from gebackend.tune.numerics_order import Check
 from gebackend.tune.space import DIMENSIONS, Candidate, PrecisionRung
 
 MIN_START_S = 10.0  # the shortest start-up a server is given
@@ -48,7 +51,7 @@ class Measurement:
 
 
 class Measurer(Protocol):
-    def accuracy(self, engine: str, rung: PrecisionRung) -> float: ...
+    def accuracy(self, engine: str, rung: PrecisionRung) -> Check | float: ...  # a bare float: a cosine, not timed
     def start(self, cand: Candidate, timeout_s: float): ...  # a handle; raises MeasureFailed
     def measure(self, handle, phase: str) -> Measurement: ...  # phase: "screen" or "refine"; raises MeasureFailed
     def stop(self, handle) -> None: ...
@@ -160,11 +163,13 @@ class Search:
             if key not in checked:
                 engine, rung = outcome.candidate.scenario.engine, outcome.candidate.rung
                 try:
-                    checked[key] = self.measurer.accuracy(engine, rung)
+                    found = self.measurer.accuracy(engine, rung)
+                    checked[key] = found if isinstance(found, Check) else Check(float(found))
                 except MeasureFailed as exc:
                     checked[key] = str(exc)
                 value = checked[key]
-                text = f"cosine {value:.6f}" if isinstance(value, float) else f"failed: {value}"
+                text = f"failed: {value}" if isinstance(value, str) else f"cosine {value.cosine:.6f}" + (
+                    f", {value.run_ms:.1f} ms a request in process" if value.run_ms is not None else "")
                 self.progress(f"[accuracy] {engine} {rung.name} ... {text}")
             value = checked[key]
             if value is None:
@@ -173,9 +178,24 @@ class Search:
             if isinstance(value, str):
                 outcome.status = f"failed: accuracy check: {value}"
                 continue
-            outcome.cosine = value
-            if value < self.settings.min_cosine:
-                outcome.status = f"rejected: cosine {value:.6f} < {self.settings.min_cosine}"
+            outcome.cosine = value.cosine
+            if value.cosine < self.settings.min_cosine:
+                outcome.status = f"rejected: cosine {value.cosine:.6f} < {self.settings.min_cosine}"
+        self._order_by_speed({k: v for k, v in checked.items() if isinstance(v, Check)})
+
+    def _order_by_speed(self, checks: dict) -> None:
+        """Screen the fastest numerics first and never serve those under half its speed (numerics_order.py)."""
+        found = numerics_order.order([o.candidate for o in self.outcomes], checks, self.settings.min_cosine,
+                                     self.settings.prune_below)
+        if not found.line:
+            return
+        by_key = {o.candidate.key: o for o in self.outcomes}
+        for cand in found.candidates:
+            by_key[cand.key].candidate = cand
+        self.outcomes = [by_key[c.key] for c in found.candidates]
+        self.dead.update(found.dead)
+        self.notes.append(found.line)
+        self.progress(f"[order] {found.line}")
 
     def _next_to_screen(self) -> Outcome | None:
         """The unmeasured candidate nearest the best so far: the fewest rank steps from it over the dimensions (prior

@@ -1,0 +1,73 @@
+"""tune/numerics_order.py and the search with it: the rungs screened fastest first by the accuracy guard's in-process
+time of one request, those under half the fastest's speed pruned before any server starts."""
+
+from __future__ import annotations
+
+from gebackend.tune import space
+from gebackend.tune.numerics_order import Check, order
+from gebackend.tune.search import Budget, Search, SearchSettings
+
+from test_tune_search import Clock, FakeMeasurer
+
+TIMES = {("onnxruntime", "origin"): 100.0, ("openvino", "origin"): 75.0, ("openvino", "bf16"): 40.0,
+         ("onnxruntime", "int8"): 60.0, ("openvino", "int8-static"): 10.0, ("onnxruntime", "int8-static"): 250.0}
+
+
+def full_space():
+    return space.space(2, ("onnxruntime", "openvino"), ("BF16", "FP32"), 8, 2)
+
+
+def checks(rejected=(("openvino", "int8-static"),)):
+    return {key: Check(0.9 if key in rejected else 0.9999, ms) for key, ms in TIMES.items()}
+
+
+def test_the_fastest_accepted_rung_is_screened_first_and_a_rejected_faster_one_is_not_the_reference():
+    found = order(full_space(), checks(), min_cosine=0.999, prune_below=0.5)
+    firsts = []
+    for cand in found.candidates:
+        if cand.numerics not in firsts:
+            firsts.append(cand.numerics)
+    assert firsts[:4] == [("openvino", "bf16"), ("onnxruntime", "int8"), ("openvino", "origin"),
+                          ("onnxruntime", "origin")]
+    assert found.candidates[0].numerics == ("openvino", "bf16")
+    assert found.candidates[0].ranks[0] == 0
+    assert "openvino bf16 40.0 ms" in found.line
+
+
+def test_a_rung_under_half_the_fastests_speed_is_dead_before_it_is_served():
+    found = order(full_space(), checks(), min_cosine=0.999, prune_below=0.5)
+    assert set(found.dead) == {("numerics", ("onnxruntime", "origin")), ("numerics", ("onnxruntime", "int8-static"))}
+    why = found.dead[("numerics", ("onnxruntime", "int8-static"))]
+    assert "250.0 ms" in why and "openvino bf16 (40.0 ms)" in why and "not served" in why
+    assert ("numerics", ("openvino", "origin")) not in found.dead  # 75 ms: 0.53x the speed of 40 ms, kept
+
+
+def test_engines_faster_than_what_serving_adds_to_a_request_are_ordered_but_not_pruned():
+    tiny = {key: Check(0.9999, ms / 1000) for key, ms in TIMES.items()}  # 0.01 to 0.25 ms a request
+    found = order(full_space(), tiny, min_cosine=0.999, prune_below=0.5)
+    assert found.dead == {} and found.candidates[0].numerics == ("openvino", "int8-static")
+
+
+def test_nothing_changes_unless_every_accepted_rung_was_timed():
+    partial = {**checks(), ("onnxruntime", "int8"): Check(0.9999)}
+    cands = full_space()
+    found = order(cands, partial, min_cosine=0.999, prune_below=0.5)
+    assert found.candidates == cands and found.dead == {} and found.line == ""
+
+
+class TimedMeasurer(FakeMeasurer):
+    def accuracy(self, engine, rung):
+        return Check(super().accuracy(engine, rung), TIMES[(engine, rung.name)])
+
+
+def test_the_search_serves_the_fastest_rung_first_and_never_starts_the_dead_ones():
+    clock = Clock()
+    m = TimedMeasurer(clock, cosine={("openvino", "int8-static"): 0.9})
+    s = SearchSettings(concurrency=2, rounds=1, finalists=2, time_budget_s=100_000)
+    done = Search(full_space(), m, s, budget=Budget(s.time_budget_s, clock)).run()
+    started = m.started()
+    assert started[0].startswith("ov-") and "-bf16-" in started[0]
+    slow = [o for o in done.outcomes if o.candidate.numerics == ("onnxruntime", "int8-static")]
+    assert slow and all(o.status.startswith("pruned: onnxruntime int8-static took 250.0 ms") for o in slow)
+    assert not any("-int8-static-" in key and key.startswith("ort-") for key in started)
+    assert any(note.startswith("screening order by the time of one request in process") for note in done.notes)
