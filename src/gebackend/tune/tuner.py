@@ -190,11 +190,11 @@ def run(settings: TuneSettings, progress: Callable[[str], None] = _stderr) -> tu
         progress(f"tune: {trim}")
     for engine, rung in sorted({(c.scenario.engine, c.rung) for c in candidates if slow(c.scenario.engine, c.rung)},
                                key=lambda pair: (pair[0], pair[1].name)):
-        progress(f"tune: {rung.name} on {engine} measured last: {slow(engine, rung)}")
+        progress(f"tune: {rung.name} on {engine} ranked last until the accuracy guard times it: {slow(engine, rung)}")
     placed = {(c.scenario.engine, c.rung) for c in candidates}
     for (_, why), engine, rung in sorted(((place, e, r) for e, r in placed if (place := favoured(e, r)) and
                                           not slow(e, r)), key=lambda item: item[0][0]):
-        progress(f"tune: {rung.name} on {engine} measured first: {why}")
+        progress(f"tune: {rung.name} on {engine} ranked first until the accuracy guard times it: {why}")
     settings_s = search_mod.SearchSettings(
         concurrency=settings.concurrency, min_cosine=settings.min_cosine, latency_budget_ms=settings.latency_budget_ms,
         time_budget_s=settings.time_budget_min * 60, finalists=2 if settings.quick else 3,
