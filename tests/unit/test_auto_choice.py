@@ -3,6 +3,8 @@ model; and the accuracy guard that serves fp32 when a lowered model is too far f
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -115,6 +117,20 @@ def test_tune_measures_first_what_this_cpu_runs_natively(tmp_path):
                if (engine, rung) in (("onnxruntime", "origin"), ("onnxruntime", "int8-static")))
     assert favoured_rungs(model, VNNI, ())("openvino", by_name["int8-static"])[1].startswith(
         "int8 with avx512_vnni: NNCF's static int8")
+
+
+def test_op_counts_are_read_once_per_file_until_it_changes(tmp_path, monkeypatch):
+    path = tmp_path / "model.onnx"
+    onnx.save(build_resnet(), str(path))
+    loads = []
+    real_load = onnx.load
+    monkeypatch.setattr(onnx, "load", lambda *a, **kw: loads.append(a[0]) or real_load(*a, **kw))
+    first = auto_choice.weighted_op_counts(path)
+    assert auto_choice.weighted_op_counts(path) == first and len(loads) == 1
+    onnx.save(build_bert(), str(path))
+    os.utime(path, ns=(1, 1))  # another file in the same place: another size and modification time
+    counts = auto_choice.weighted_op_counts(path)
+    assert len(loads) == 2 and counts[1] > counts[0] and first[0] > first[1]
 
 
 def test_int8_engine_follows_what_the_model_is_made_of(tmp_path):

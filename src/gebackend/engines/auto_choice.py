@@ -24,6 +24,7 @@ calibration needed).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable
@@ -79,10 +80,17 @@ def openvino_int8_slow(cpu_flags: Iterable[str], path: Path | None) -> str:
 
 
 def weighted_op_counts(path: Path) -> tuple[int, int]:
-    """(convolutions, matmuls/gemms) with a constant weight input in the ONNX file at `path`."""
+    """(convolutions, matmuls/gemms) with a constant weight input in the ONNX file at `path`; read once per file as
+    it is (its size and modification time): `tune` and a load with `auto` options ask more than once."""
+    stat = Path(path).stat()
+    return _weighted_op_counts(str(Path(path).resolve()), stat.st_size, stat.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=16)
+def _weighted_op_counts(path: str, size: int, mtime_ns: int) -> tuple[int, int]:
     import onnx
 
-    model = onnx.load(str(path), load_external_data=False)
+    model = onnx.load(path, load_external_data=False)
     constants = {init.name for init in model.graph.initializer}
     constants |= {out for node in model.graph.node if node.op_type == "Constant" for out in node.output}
     convs = matmuls = 0
