@@ -12,6 +12,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from gebackend.compile import quantize_static
 from gebackend.compile.calibration import random_samples
+from gebackend.compile.precision import lower_precision
 from gebackend.compile.untie import untie_constants
 
 
@@ -80,4 +81,47 @@ def test_onnxruntime_static_int8_runs_every_convolution_as_an_int8_kernel_when_a
     ort.InferenceSession(str(out), options, providers=["CPUExecutionProvider"])
     ops = Counter(node.op_type for node in onnx.load(options.optimized_model_filepath).graph.node)
     assert ops["QLinearConv"] == 2 and ops["Conv"] == 0, ops  # untied: no fp32 Conv between DequantizeLinear nodes
-    assert any("1 constant(s) the graph shared through Identity" in line for line in lines), lines
+    assert any("1 constant(s) the graph held in Constant nodes or shared through Identity" in line for line in lines), lines
+
+
+def constant_weight_mlp() -> onnx.ModelProto:
+    """y = x @ W with W held in a Constant node (as some exporters write weights), and a scalar Constant scale."""
+    weight = numpy_helper.from_array(np.random.default_rng(2).standard_normal((64, 32)).astype(np.float32), "w")
+    nodes = [helper.make_node("Constant", [], ["w_out"], value=weight),
+             helper.make_node("Constant", [], ["scale"], value_float=0.5),
+             helper.make_node("MatMul", ["x", "w_out"], ["h"]), helper.make_node("Mul", ["h", "scale"], ["y"])]
+    graph = helper.make_graph(nodes, "mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 64])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 32])])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+
+
+def test_constant_nodes_become_initializers_with_their_values():
+    model = constant_weight_mlp()
+    x = np.random.default_rng(3).standard_normal((2, 64)).astype(np.float32)
+    before = _run(model, x)[0]
+    assert untie_constants(model) == 2
+    assert [n.op_type for n in model.graph.node] == ["MatMul", "Mul"]
+    values = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    assert values["scale"].dtype == np.float32 and float(values["scale"]) == 0.5
+    onnx.checker.check_model(model)
+    np.testing.assert_array_equal(_run(model, x)[0], before)
+
+
+def test_string_constants_and_ir3_files_are_left_as_they_are():
+    model = constant_weight_mlp()
+    model.graph.node.insert(0, helper.make_node("Constant", [], ["label"], value=helper.make_tensor(
+        "label", TensorProto.STRING, [1], [b"cat"])))
+    assert untie_constants(model) == 2 and model.graph.node[0].output[0] == "label"
+    old = constant_weight_mlp()
+    old.ir_version = 3
+    assert untie_constants(old) == 0
+
+
+def test_dynamic_int8_quantizes_a_weight_held_in_a_constant_node(tmp_path):
+    source = tmp_path / "mlp.onnx"
+    onnx.save(constant_weight_mlp(), str(source))
+    lines = []
+    out = lower_precision(source, "int8", tmp_path / "out", log=lines.append)
+    ops = Counter(node.op_type for node in onnx.load(str(out)).graph.node)
+    assert ops["MatMul"] == 0 and ops["MatMulInteger"] + ops["DynamicQuantizeMatMul"] >= 1, ops
+    assert any("1 of 1 node(s) with constant weights quantized" in line for line in lines), lines

@@ -69,7 +69,7 @@ def _large(path: Path) -> bool:
 @contextlib.contextmanager
 def quantizer_source(path: Path, scratch: Path, log: Callable[[str], None] = lambda message: None):
     """What to hand ONNX Runtime's quantizers for the model at `path`: the loaded model with its constants untied
-    (compile/untie.py: an Identity of an initializer hides it from the quantizers; `log` hears how many), or for a
+    (compile/untie.py: a Constant node or an Identity of an initializer hides it from them; `log` hears how many), or for a
     model over 2 GB (which cannot be loaded whole, and is not untied) a path to it in a private folder under `scratch`.
 
     Given a path, the quantizers write `<stem>-inferred.onnx` beside it and delete it after. Beside the model that
@@ -82,8 +82,8 @@ def quantizer_source(path: Path, scratch: Path, log: Callable[[str], None] = lam
         model = onnx.load(str(path))
         untied = untie_constants(model)
         if untied:
-            log(f"precision int8: {untied} constant(s) the graph shared through Identity nodes given to their "
-                "consumers as their own initializers, so the quantizer sees them as constants")
+            log(f"precision int8: {untied} constant(s) the graph held in Constant nodes or shared through Identity "
+                "nodes made initializers of their own, so the quantizer sees them as constants")
         yield model
         return
     scratch.mkdir(parents=True, exist_ok=True)
@@ -162,6 +162,7 @@ def _int8(path: Path, out: Path, op_types: tuple[str, ...], log: Callable[[str],
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     before = onnx.load(str(path), load_external_data=False)
+    untie_constants(before)  # as the quantizer will see it (quantizer_source)
     candidates = _count(before, op_types, weighted=True)
     with quantizer_source(path, out.parent, log) as source, _quiet():
         quantize_dynamic(

@@ -44,9 +44,9 @@ from gebackend.errors import ModelLoadError
 LEAF = "precision"
 _CHUNK = 1 << 20
 # Raised whenever compile/precision.py or compile/quantize_static.py write a different file from the same model and
-# options, so that entries made by the old lowering are not served. 2: constants untied before ONNX Runtime's
-# quantizers (compile/untie.py).
-LOWERING_VERSION = "2"
+# options, so that entries made by the old lowering are not served. 2: Identity-shared constants untied before ONNX
+# Runtime's quantizers (compile/untie.py); 3: Constant nodes made initializers too.
+LOWERING_VERSION = "3"
 
 
 @dataclass(frozen=True)
