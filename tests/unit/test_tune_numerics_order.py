@@ -31,7 +31,8 @@ def test_the_fastest_accepted_rung_is_screened_first_and_a_rejected_faster_one_i
                           ("onnxruntime", "origin")]
     assert found.candidates[0].numerics == ("openvino", "bf16")
     assert found.candidates[0].ranks[0] == 0
-    assert "openvino bf16 40.0 ms" in found.line
+    assert "openvino bf16 40.0 ms = 2.50x onnxruntime origin" in found.line
+    assert "onnxruntime origin 100.0 ms (not served" in found.line
 
 
 def test_a_rung_under_half_the_fastests_speed_is_dead_before_it_is_served():

@@ -28,6 +28,7 @@ NUMERICS = DIMENSIONS.index("numerics")
 # What a served request costs beyond its engine run: the Python backend's stub round trip (0.14-0.21 ms), ge's
 # layers and gRPC; a client's p50 on a model of no work was 0.56-0.70 ms (docs/tuning.md, the toll tables).
 TOLL_MS = 0.5
+EXACT = ("onnxruntime", "origin")  # what the order line compares each time with: the peer's engine and precision
 
 
 @dataclass(frozen=True)
@@ -82,8 +83,13 @@ def order(candidates: Sequence[Candidate], checks: Mapping[tuple[str, str], Chec
     out = [reranked(c) for c in candidates]
     if all(c.ranks for c in out):
         out.sort(key=lambda c: (sum(c.ranks), c.ranks))
-    line = ("screening order by the time of one request in process: "
-            + ", ".join(f"{_name(key)} {accepted[key].run_ms:.1f} ms" + (" (not served: under half the fastest)"
-                                                                         if ("numerics", key) in dead else "")
-                        for key in by_speed))
+    exact = accepted.get(EXACT)
+
+    def said(key: tuple[str, str]) -> str:
+        ms = accepted[key].run_ms
+        ratio = f" = {exact.run_ms / ms:.2f}x {_name(EXACT)}" if exact and key != EXACT and ms else ""
+        return f"{_name(key)} {ms:.1f} ms{ratio}" + (" (not served: under half the fastest)"
+                                                     if ("numerics", key) in dead else "")
+
+    line = "screening order by the time of one request in process: " + ", ".join(said(key) for key in by_speed)
     return Order(out, dead, line)
