@@ -56,9 +56,9 @@ def order(candidates: Sequence[Candidate], checks: Mapping[tuple[str, str], Chec
     accepted = {key: check for key, check in checks.items() if check.cosine >= min_cosine}
     if not accepted or any(check.run_ms is None for check in accepted.values()):
         return Order(list(candidates), {}, "")
-    fastest_key = min(accepted, key=lambda key: accepted[key].run_ms)
-    fastest = accepted[fastest_key].run_ms
     by_speed = sorted(accepted, key=lambda key: accepted[key].run_ms)
+    fastest_key = by_speed[0]
+    fastest = accepted[fastest_key].run_ms
     place = {key: rank for rank, key in enumerate(by_speed)}
     later = len(place)  # rejected or unchecked rungs after the others, in their prior order
     prior = sorted({c.numerics: c.ranks[NUMERICS] for c in candidates if c.ranks}.items(), key=lambda item: item[1])
@@ -88,8 +88,8 @@ def order(candidates: Sequence[Candidate], checks: Mapping[tuple[str, str], Chec
     def said(key: tuple[str, str]) -> str:
         ms = accepted[key].run_ms
         ratio = f" = {exact.run_ms / ms:.2f}x {_name(EXACT)}" if exact and key != EXACT and ms else ""
-        return f"{_name(key)} {ms:.1f} ms{ratio}" + (" (not served: under half the fastest)"
-                                                     if ("numerics", key) in dead else "")
+        slow = f" (not served: under {prune_below:g} x the fastest's speed)" if ("numerics", key) in dead else ""
+        return f"{_name(key)} {ms:.1f} ms{ratio}{slow}"
 
     line = "screening order by the time of one request in process: " + ", ".join(said(key) for key in by_speed)
     return Order(out, dead, line)
