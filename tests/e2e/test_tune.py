@@ -8,6 +8,7 @@ Numbers are not asserted (a shared machine): statuses, files and served answers 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -78,6 +79,11 @@ def test_tune_quick_finds_a_winner_that_serves_right_and_rejects_int8(tmp_path):
     winner = data["winner"]
     assert statuses[winner] == "winner"
     assert (out / "tune.png").stat().st_size > 5000
+    # the accuracy guard timed every accepted precision in process, and the screening order says so
+    order = [n for n in data["meta"]["notes"] if n.startswith("screening order by the time of one request in process: ")]
+    assert len(order) == 1, data["meta"]["notes"]
+    assert "onnxruntime origin " in order[0] and "onnxruntime int8 " not in order[0]  # int8 was rejected: not ordered
+    assert re.search(r"\[accuracy\] onnxruntime origin \.\.\. cosine 1\.000000, \d+\.\d ms a request in process", done.stderr)
     for line in done.stderr.splitlines():
         if line.startswith("[") and "infer/s" in line:
             assert " ... " in line and " p99 " in line
