@@ -36,7 +36,6 @@ import argparse
 import json
 import statistics
 import tempfile
-import time
 from datetime import datetime
 from pathlib import Path
 
@@ -45,6 +44,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from gebackend.bench import flops
+from gebackend.bench.inprocess import median_seconds
 from gebackend.bench.models import DEFAULT_CACHE, models as bench_models
 from gebackend.bench.runner import machine
 from gebackend.compile.calibration import random_samples
@@ -129,12 +129,7 @@ def measure(runners: dict, feeds: dict, rounds: int, seconds: float) -> dict[str
         run(feeds)
     for _ in range(rounds):
         for key, run in runners.items():
-            times, deadline = [], time.perf_counter() + seconds
-            while time.perf_counter() < deadline or len(times) < 3:
-                started = time.perf_counter()
-                run(feeds)
-                times.append(time.perf_counter() - started)
-            per_round[key].append(statistics.median(times))
+            per_round[key].append(median_seconds(lambda: run(feeds), seconds))
     return {key: {"seconds": statistics.median(v), "spread": (max(v) - min(v)) / statistics.median(v),
                   "rounds": v} for key, v in per_round.items()}
 

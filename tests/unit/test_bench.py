@@ -6,6 +6,7 @@ Nothing here runs perf_analyzer, a server or a timing measurement.
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -297,3 +298,12 @@ def test_serving_a_scenario_marks_what_failed_and_stops_the_server(tmp_path, mon
     broken = {}
     assert bench.serve(tmp_path, "t", broken, ["m"]) is None
     assert (broken["status"], broken["reason"]) == ("failed", "gebackend serve exited with 1: (see logs)")
+
+
+def test_median_seconds_calls_at_least_the_least_and_gives_the_median_of_the_calls():
+    from gebackend.bench.inprocess import median_seconds
+
+    calls = []
+    sleeps = iter([0.0, 0.02, 0.0, 0.0, 0.0])
+    assert median_seconds(lambda: calls.append(time.sleep(next(sleeps))), seconds=0.0) < 0.015  # 0, 0.02, 0: median 0
+    assert len(calls) == 3

@@ -257,6 +257,18 @@ def _row(concurrency: int, lat_us: np.ndarray, seconds: float) -> PerfRow:
                    p95_us=pct(95), p99_us=pct(99), avg_us=float(lat_us.mean()))
 
 
+def median_seconds(run, seconds: float, least: int = 3) -> float:
+    """The median seconds of `run()` called back to back for about `seconds` (at least `least` calls; no warm-up:
+    the caller runs it once first)."""
+    times: list[float] = []
+    deadline = time.perf_counter() + seconds
+    while time.perf_counter() < deadline or len(times) < least:
+        started = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - started)
+    return float(np.median(times))
+
+
 def accuracy(ceiling: Ceiling, model_path: Path, feeds: Mapping[str, np.ndarray]) -> dict:
     """Cosine similarity and max-abs-diff of the scenario's outputs to a plain fp32 onnxruntime session."""
     from gebackend.engines.onnxruntime import open_session

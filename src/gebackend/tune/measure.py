@@ -14,8 +14,6 @@
 
 from __future__ import annotations
 
-import statistics
-import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Callable
@@ -51,13 +49,7 @@ def request_ms(ceiling: inprocess.Ceiling, feeds, seconds: float = TIMING_S, lea
     """The median milliseconds of one request run by the loaded instance, after one unmeasured run, over about
     `seconds` (at least `least` runs)."""
     ceiling.run_once(feeds)
-    times: list[float] = []
-    deadline = time.perf_counter() + seconds
-    while time.perf_counter() < deadline or len(times) < least:
-        started = time.perf_counter()
-        ceiling.run_once(feeds)
-        times.append(time.perf_counter() - started)
-    return 1000 * statistics.median(times)
+    return 1000 * inprocess.median_seconds(lambda: ceiling.run_once(feeds), seconds, least)
 
 
 class Served:
