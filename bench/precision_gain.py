@@ -11,7 +11,8 @@ Measured here, one thread (one core: what each pinned instance has), in rounds i
 
 1. kernels: transformer products (197 tokens x 768 -> 768, as a ViT-B/16 layer's projections; 256 x 768 -> 3072, a
    feed-forward layer), a ResNet 3x3 convolution (256 channels, 28 px) and a 1x1 one (1024 -> 256, 14 px), in
-   operations a second (2 per multiply-add), fp32 on ONNX Runtime (the peer's kernels) and every rung this CPU has.
+   operations a second (2 per multiply-add), fp32 on ONNX Runtime (the peer's kernels) and every rung `gebackend
+   tune` would try on this machine (tune/space.py's table: bf16/fp16 only where OpenVINO reports them).
    Each rung is made by the backend's own lowering (compile/precision.py, compile/quantize_static.py) from the fp32
    kernel model, as a served model's is.
 2. models (`--models`, bench models in bench/models: `python -m gebackend.bench.models NAME`): each rung's time
@@ -49,19 +50,13 @@ from gebackend.bench.models import DEFAULT_CACHE, models as bench_models
 from gebackend.bench.runner import machine
 from gebackend.compile.calibration import random_samples
 from gebackend.compile.precision import lower_precision
-from gebackend.engines import cpu
+from gebackend.engines import cpu, registry
+from gebackend.tune import space
+from gebackend.tune.space import PrecisionRung
+from gebackend.tune.tuner import capabilities, installed_engines
 
-REFERENCE = ("onnxruntime", "origin")  # the peer's kernels
-# (engine, rung, precision_mode, int8 quantization, OpenVINO inference precision, OpenVINO capability needed)
-RUNGS = (
-    ("onnxruntime", "origin", "origin", "", "", ""),
-    ("onnxruntime", "int8", "int8", "dynamic", "", ""),
-    ("onnxruntime", "int8-static", "int8", "static", "", ""),
-    ("openvino", "origin", "origin", "", "f32", ""),
-    ("openvino", "int8-static", "int8", "static", "f32", ""),
-    ("openvino", "bf16", "origin", "", "bf16", "BF16"),
-    ("openvino", "fp16", "origin", "", "f16", "FP16"),
-)
+REFERENCE = "onnxruntime origin"  # the key of the peer's kernels (`_key`)
+OPENVINO_HINTS = {"bf16": "bf16", "fp16": "f16"}  # precision_mode -> OpenVINO's inference precision (else f32)
 KERNELS = {  # name: (class, input dims, weight dims, conv pads or None)
     "matmul 197x768x768": ("matmul", (197, 768), (768, 768), None),
     "matmul 256x768x3072": ("matmul", (256, 768), (768, 3072), None),
@@ -82,31 +77,28 @@ def kernel_model(name: str) -> onnx.ModelProto:
     return onnx.shape_inference.infer_shapes(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
 
 
-def available_rungs() -> list[tuple]:
-    """The rungs this machine runs: OpenVINO's only where it is installed, bf16/fp16 where its CPU plugin says so."""
-    try:
-        import openvino
-
-        capabilities = set(openvino.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES"))
-    except Exception:  # noqa: BLE001 - no OpenVINO here: its rungs are left out
-        capabilities = None
-    return [r for r in RUNGS if r[0] == "onnxruntime" or (capabilities is not None and (not r[5] or r[5] in capabilities))]
+def available_rungs() -> list[tuple[str, PrecisionRung]]:
+    """The (engine, rung) pairs `gebackend tune` would try on this machine (tune/space.py's table and rules: OpenVINO's
+    only where it is installed, bf16/fp16 where its CPU plugin reports them)."""
+    engines = installed_engines()
+    return space.numerics(engines, capabilities(engines))
 
 
-def lowered(path: Path, rung: tuple, folder: Path) -> Path:
-    """The model file the rung runs, made as the backend makes it."""
-    engine, name, mode, quantization, _, _ = rung
-    if mode == "origin":
+def lowered(path: Path, rung: tuple[str, PrecisionRung], folder: Path) -> Path:
+    """The model file the rung runs, made as the backend makes it (only int8 rewrites the file)."""
+    engine, precision = rung
+    if precision.precision_mode != "int8":
         return path
+    quantization = dict(precision.parameters).get("quantization", "dynamic")
     samples = random_samples(path, CALIBRATION_SAMPLES) if quantization == "static" else None
-    return lower_precision(path, mode, folder, quantization=quantization,
-                           quantizer="nncf" if engine == "openvino" else "onnxruntime", samples=samples,
-                           out_name=f"{path.stem}.{engine}.{name}.onnx")
+    return lower_precision(path, "int8", folder, quantization=quantization,
+                           quantizer=registry.kind(engine).static_quantizer, samples=samples,
+                           out_name=f"{path.stem}.{engine}.{precision.name}.onnx")
 
 
-def runner(path: Path, rung: tuple):
+def runner(path: Path, rung: tuple[str, PrecisionRung]):
     """A callable running one feed on one thread with the rung's engine."""
-    engine, _, _, _, hint, _ = rung
+    engine, precision = rung
     if engine == "onnxruntime":
         import onnxruntime as ort
 
@@ -116,6 +108,7 @@ def runner(path: Path, rung: tuple):
         return lambda feeds: session.run(None, feeds)
     import openvino
 
+    hint = OPENVINO_HINTS.get(precision.precision_mode, "f32")
     compiled = openvino.Core().compile_model(str(path), "CPU", {
         "INFERENCE_NUM_THREADS": 1, "NUM_STREAMS": 1, "PERFORMANCE_HINT": "LATENCY", "INFERENCE_PRECISION_HINT": hint})
     request = compiled.create_infer_request()
@@ -134,11 +127,12 @@ def measure(runners: dict, feeds: dict, rounds: int, seconds: float) -> dict[str
                   "rounds": v} for key, v in per_round.items()}
 
 
-def _key(rung: tuple) -> str:
-    return f"{rung[0]} {rung[1]}"
+def _key(rung: tuple[str, PrecisionRung]) -> str:
+    engine, precision = rung
+    return f"{engine} {precision.name}"
 
 
-def _prepare(path: Path, rungs: list[tuple], folder: Path, log) -> dict:
+def _prepare(path: Path, rungs: list[tuple[str, PrecisionRung]], folder: Path, log) -> dict:
     made = {}
     for rung in rungs:
         try:
@@ -148,7 +142,8 @@ def _prepare(path: Path, rungs: list[tuple], folder: Path, log) -> dict:
     return made
 
 
-def measure_kernels(rungs: list[tuple], folder: Path, rounds: int, seconds: float, log) -> dict[str, dict]:
+def measure_kernels(rungs: list[tuple[str, PrecisionRung]], folder: Path, rounds: int, seconds: float,
+                    log) -> dict[str, dict]:
     """Per kernel: its class, operations and, per rung, operations a second (with the spread of its rounds)."""
     result = {}
     for name, (kind, x_dims, _, _) in KERNELS.items():
@@ -174,10 +169,9 @@ def class_rates(kernels: dict) -> dict[str, dict[str, float]]:
     return rates
 
 
-def measure_models(names: list[str], rungs: list[tuple], rates: dict, folder: Path, rounds: int, seconds: float,
-                   cache: Path, log) -> list[dict]:
+def measure_models(names: list[str], rungs: list[tuple[str, PrecisionRung]], rates: dict, folder: Path, rounds: int,
+                   seconds: float, cache: Path, log) -> list[dict]:
     known, rows = bench_models(cache), []
-    reference = _key(REFERENCE)
     for name in names:
         model = known[name]
         path = model.path(cache)
@@ -189,9 +183,9 @@ def measure_models(names: list[str], rungs: list[tuple], rates: dict, folder: Pa
         log(f"model {name}: {ops.total / 1e9:.2f} G operations " + str({k: round(v / 1e9, 2) for k, v in ops.by_class.items()})
             + (f"; {len(ops.unknown)} products of unknown shape not counted" if ops.unknown else ""))
         timed = measure(_prepare(path, rungs, folder / name, log), feeds, rounds, seconds)
-        if reference not in timed:
+        if REFERENCE not in timed:
             continue
-        fp32 = timed[reference]["seconds"]
+        fp32 = timed[REFERENCE]["seconds"]
         for key, measured in timed.items():
             rows.append({"model": name, "rung": key, "operations": ops.by_class, "seconds": measured["seconds"],
                          "spread": measured["spread"], "ops_per_s": ops.total / measured["seconds"],
@@ -202,13 +196,12 @@ def measure_models(names: list[str], rungs: list[tuple], rates: dict, folder: Pa
 
 def report(kernels: dict, rows: list[dict], meta: dict) -> str:
     rungs = list(next(iter(kernels.values()))["rates"]) if kernels else []
-    reference = _key(REFERENCE)
     lines = [f"# How much faster than fp32 each rung runs here (1 thread), {meta['when']}", "",
              f"Machine: {meta['machine']}", "", "Kernels, operations a second (× ONNX Runtime fp32; ± half the spread of "
              "the rounds):", "", "| kernel | " + " | ".join(rungs) + " |", "| --- |" + " ---: |" * len(rungs)]
     for name, kernel in kernels.items():
         rates = kernel["rates"]
-        base = rates.get(reference, {}).get("ops_per_s")
+        base = rates.get(REFERENCE, {}).get("ops_per_s")
         cells = [f"{rates[r]['ops_per_s'] / 1e9:.0f} G/s" + (f" ({rates[r]['ops_per_s'] / base:.2f}×)" if base else "")
                  + f" ±{rates[r]['spread'] / 2:.0%}" if r in rates else "-" for r in rungs]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
@@ -227,10 +220,9 @@ def plot(kernels: dict, rows: list[dict], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    reference = _key(REFERENCE)
     fig, (left, right) = plt.subplots(1, 2, figsize=(13, 5), gridspec_kw={"width_ratios": [1, 2]})
     for name, kernel in kernels.items():
-        base = kernel["rates"][reference]["ops_per_s"]
+        base = kernel["rates"][REFERENCE]["ops_per_s"]
         keys = list(kernel["rates"])
         left.plot(range(len(keys)), [kernel["rates"][k]["ops_per_s"] / base for k in keys], "o-", label=name)
     if kernels:
