@@ -161,10 +161,9 @@ def lower_precision(
 def _int8(path: Path, out: Path, op_types: tuple[str, ...], log: Callable[[str], None]) -> None:
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    before = onnx.load(str(path), load_external_data=False)
-    untie_constants(before)  # as the quantizer will see it (quantizer_source)
-    candidates = _count(before, op_types, weighted=True)
     with quantizer_source(path, out.parent, log) as source, _quiet():
+        seen = source if isinstance(source, onnx.ModelProto) else onnx.load(str(path), load_external_data=False)
+        candidates = _count(seen, op_types, weighted=True)  # as the quantizer sees the model
         quantize_dynamic(
             source, str(out), op_types_to_quantize=list(op_types), weight_type=QuantType.QInt8,
             use_external_data_format=_large(path),
