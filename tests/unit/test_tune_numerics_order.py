@@ -3,6 +3,8 @@ time of one request, those under half the fastest's speed pruned before any serv
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from gebackend.tune import space
 from gebackend.tune.numerics_order import Check, order
 from gebackend.tune.search import Budget, Search, SearchSettings
@@ -58,7 +60,7 @@ def test_nothing_changes_unless_every_accepted_rung_was_timed():
 
 class TimedMeasurer(FakeMeasurer):
     def accuracy(self, engine, rung):
-        return Check(super().accuracy(engine, rung), TIMES[(engine, rung.name)])
+        return replace(super().accuracy(engine, rung), run_ms=TIMES[(engine, rung.name)])
 
 
 def test_the_search_serves_the_fastest_rung_first_and_never_starts_the_dead_ones():

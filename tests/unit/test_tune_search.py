@@ -8,6 +8,7 @@ from dataclasses import replace
 import pytest
 
 from gebackend.tune import space
+from gebackend.tune.numerics_order import Check
 from gebackend.tune.search import Budget, Measurement, MeasureFailed, Search, SearchSettings
 
 
@@ -31,7 +32,7 @@ class FakeMeasurer:
 
     def accuracy(self, engine, rung):
         self.events.append(("accuracy", engine, rung.name))
-        return self.cosine.get((engine, rung.name), 1.0)
+        return Check(self.cosine.get((engine, rung.name), 1.0))  # not timed: the prior order stays
 
     def start(self, cand, timeout_s):
         self.events.append(("start", cand.key))

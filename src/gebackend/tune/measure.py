@@ -79,7 +79,7 @@ class BenchMeasurer:
         self.configs[cand.key] = text
         return root
 
-    def accuracy(self, engine: str, rung: PrecisionRung) -> float:
+    def accuracy(self, engine: str, rung: PrecisionRung) -> Check:
         cand = make_candidate(engine, rung, False, (1, 0), 0 if self.model.max_batch_size else None,
                               self.model.max_batch_size, 0)
         cand = replace(cand, key=f"accuracy-{cand.key}")

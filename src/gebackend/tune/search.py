@@ -51,7 +51,7 @@ class Measurement:
 
 
 class Measurer(Protocol):
-    def accuracy(self, engine: str, rung: PrecisionRung) -> Check | float: ...  # a bare float: a cosine, not timed
+    def accuracy(self, engine: str, rung: PrecisionRung) -> Check: ...  # cosine to fp32, and the in-process time
     def start(self, cand: Candidate, timeout_s: float): ...  # a handle; raises MeasureFailed
     def measure(self, handle, phase: str) -> Measurement: ...  # phase: "screen" or "refine"; raises MeasureFailed
     def stop(self, handle) -> None: ...
@@ -163,8 +163,7 @@ class Search:
             if key not in checked:
                 engine, rung = outcome.candidate.scenario.engine, outcome.candidate.rung
                 try:
-                    found = self.measurer.accuracy(engine, rung)
-                    checked[key] = found if isinstance(found, Check) else Check(float(found))
+                    checked[key] = self.measurer.accuracy(engine, rung)
                 except MeasureFailed as exc:
                     checked[key] = str(exc)
                 value = checked[key]
