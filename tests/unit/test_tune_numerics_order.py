@@ -74,3 +74,23 @@ def test_the_search_serves_the_fastest_rung_first_and_never_starts_the_dead_ones
     assert slow and all(o.status.startswith("pruned: onnxruntime int8-static took 250.0 ms") for o in slow)
     assert not any("-int8-static-" in key and key.startswith("ort-") for key in started)
     assert any(note.startswith("screening order by the time of one request in process") for note in done.notes)
+
+
+def test_a_quick_tune_screens_around_the_fastest_timed_rung_not_the_rules_guess():
+    clock = Clock()
+    m = TimedMeasurer(clock)
+    pool = space.space(2, ("onnxruntime", "openvino"), ("BF16", "FP32"), 8, 2, quick=True)
+    assert space.quick_set(pool)[0].numerics == ("onnxruntime", "origin")  # the rules' guess, before any timing
+    s = SearchSettings(concurrency=2, rounds=1, finalists=2, time_budget_s=100_000, quick=True)
+    done = Search(pool, m, s, budget=Budget(s.time_budget_s, clock)).run()
+    started = m.started()
+    assert started[0] == "ov-static-bf16-1x2-d0"  # openvino bf16 timed fastest (40 ms against 100 and 60)
+    out = {o.candidate.key: o for o in done.outcomes}
+    assert set(started) <= set(out) and len(out) == 6
+    assert {"ov-dynamic-bf16-1x2-d0", "ov-static-bf16-2x1-d0", "ov-static-bf16-1x2-d100"} <= set(started)
+    # the other rungs once each, at the guess's other values; none of the exact rung's variations; the exact one
+    # (100 ms against 40) is reported pruned unserved
+    assert "ort-static-int8-1x2-d0" in started
+    assert out["ort-static-origin-1x2-d0"].status.startswith("pruned: onnxruntime origin took 100.0 ms")
+    assert [key for key in out if key.startswith("ort-")] == ["ort-static-int8-1x2-d0", "ort-static-origin-1x2-d0"]
+    assert any(note.startswith("quick: 6 candidates, around openvino static bf16") for note in done.notes)

@@ -85,7 +85,9 @@ def test_static_left_out_when_the_model_cannot_have_it():
 
 
 def test_quick_is_the_best_guess_and_one_change_of_each_dimension():
-    cands = space.space(2, BOTH, BF16_CAPS, 8, 2, quick=True)
+    pool = space.space(2, BOTH, BF16_CAPS, 8, 2, quick=True)
+    assert len({c.numerics for c in pool}) == space.QUICK_NUMERICS
+    cands = space.quick_set(pool)
     assert 4 <= len(cands) <= 6
     base = cands[0].choices()
     assert cands[0].key == "ort-static-origin-1x2-d0"
@@ -96,6 +98,26 @@ def test_quick_is_the_best_guess_and_one_change_of_each_dimension():
         changed.append(diff[0])
     assert set(changed) == {"graph", "instances", "delay", "numerics"}
     assert {c.numerics for c in cands} >= {("onnxruntime", "int8"), ("openvino", "bf16")}
+
+
+def test_quick_set_moves_to_the_best_usable_guess():
+    pool = space.space(2, BOTH, BF16_CAPS, 8, 2, quick=True)
+    first = space.quick_set(pool)
+    assert first[0].numerics == ("onnxruntime", "origin")
+    lowered = next(c.numerics for c in first if c.numerics != first[0].numerics)
+    # the guard timed that lowered rung fastest (numerics_order re-ranks it 0) and the exact one is not usable
+    reranked = [replace(c, ranks=(0 if c.numerics == lowered else c.ranks[0] + 1,) + c.ranks[1:]) for c in pool]
+    moved = space.quick_set(reranked, usable=lambda c: c.numerics != ("onnxruntime", "origin"))
+    assert moved[0].numerics == lowered and moved[0].choices()["graph"] == "static"
+    neighbours = [c for c in moved[1:] if c.numerics == lowered]
+    assert len(neighbours) == 3 and all(
+        sum(v != moved[0].choices()[d] for d, v in c.choices().items()) == 1 for c in neighbours)
+    # every other rung once, at the guess's other values: the unusable exact one too (the report says why)
+    others = [c for c in moved if c.numerics != lowered]
+    assert sorted(c.numerics for c in others) == sorted({c.numerics for c in pool} - {lowered})
+    assert all(c.choices()["instances"] == moved[0].choices()["instances"] for c in others)
+    assert len({c.key for c in moved}) == len(moved) <= 6
+    assert space.quick_set([]) == []
 
 
 def test_a_new_precision_rung_is_one_line_in_the_table():
@@ -159,7 +181,7 @@ def test_rungs_this_cpu_runs_natively_are_measured_first_in_their_order():
     cands = space.space(2, BOTH, BF16_CAPS, 8, 4, favoured=favoured)
     assert cands[0].key == "ov-static-int8-static-1x2-d0"  # the usual best guess is now the lowered rung
     assert rungs(cands) == rungs(space.space(2, BOTH, BF16_CAPS, 8, 4))
-    quick = space.space(2, BOTH, BF16_CAPS, 8, 4, quick=True, favoured=favoured)
+    quick = space.quick_set(space.space(2, BOTH, BF16_CAPS, 8, 4, quick=True, favoured=favoured))
     assert quick[0].numerics == ("openvino", "int8-static")
     # the exact rung is in it too (the accuracy guard may reject every lowered one), and no candidate twice
     assert ("onnxruntime", "origin") in rungs(quick) and ("onnxruntime", "int8") in rungs(quick)

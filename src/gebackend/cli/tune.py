@@ -56,7 +56,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("--input-data", type=Path, metavar="FILE",
                    help="perf_analyzer --input-data JSON of your own requests, sent to every candidate and the peer "
                         "(default: one seeded random request); padded token ids make every candidate trim_padding")
-    p.add_argument("--quick", action="store_true", help="a reduced space (4-6 candidates) and short windows")
+    p.add_argument("--quick", action="store_true",
+                   help="3 precisions, 4-6 candidates around the fastest of them (timed in process), short windows")
     p.set_defaults(func=run)
 
 

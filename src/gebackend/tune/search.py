@@ -4,7 +4,8 @@
    first: they are the references of the report's ratio columns.
 2. The accuracy guard: once per (engine, precision rung), in process; a rung below `min_cosine` drops all its
    candidates ("rejected: cosine X < Y"). Where the measurer also timed a request there, the rungs are screened
-   fastest first and those under half the fastest's speed are pruned unserved (numerics_order.py).
+   fastest first and those under half the fastest's speed are pruned unserved (numerics_order.py). A quick tune
+   then keeps the best guess by that order and one change of each dimension from it (space.quick_set).
 3. Screening: one short perf_analyzer window per candidate, nearest the best so far first: the fewest rank steps
    from it over the dimensions, prior order (space.py) among equals, so a rung that wins (int8 where the prior put
    the exact one first) has its instance layouts and delays measured next, before the other rungs' variations. One
@@ -32,7 +33,7 @@ from typing import Callable, Protocol, Sequence
 from gebackend.tune import numerics_order
 from gebackend.tune.budget import Budget
 from gebackend.tune.numerics_order import Check
-from gebackend.tune.space import DIMENSIONS, Candidate, PrecisionRung
+from gebackend.tune.space import DIMENSIONS, Candidate, PrecisionRung, quick_set
 
 MIN_START_S = 10.0  # the shortest start-up a server is given
 ROUND_MARGIN = 1.1  # another refining round starts when the time left is this many times the last round's
@@ -110,6 +111,7 @@ class SearchSettings:
     prune_below: float = 0.5  # of the best so far
     confirm_above: float = 1.5  # a screening this many times the best so far is measured twice, the lower kept
     refine_share: float = 0.35  # of the time budget kept for refining, at most
+    quick: bool = False  # screen only space.quick_set, chosen once the accuracy guard has timed the precisions
 
 
 def differs_in(a: Candidate, b: Candidate) -> list[str]:
@@ -141,6 +143,8 @@ class Search:
             for ref in self.references:
                 self._screen(ref)
             self._accuracy_guard()
+            if self.settings.quick:
+                self._keep_quick_set()
             self.steps = len(self.references) + sum(o.status == "not run" for o in self.outcomes)
             while (outcome := self._next_to_screen()) is not None:
                 self._screen(outcome)
@@ -195,6 +199,21 @@ class Search:
         self.dead.update(found.dead)
         self.notes.append(found.line)
         self.progress(f"[order] {found.line}")
+
+    def _keep_quick_set(self) -> None:
+        """A quick tune screens the best guess and one change of each dimension from it, the guess chosen now, after
+        the accuracy guard's order, so that it has the fastest accepted precision and not only the rules' guess."""
+        def usable(cand: Candidate) -> bool:
+            return by_key[cand.key].status == "not run" and ("numerics", cand.numerics) not in self.dead
+
+        by_key = {o.candidate.key: o for o in self.outcomes}
+        kept = {cand.key for cand in quick_set([o.candidate for o in self.outcomes], usable)}
+        self.outcomes = [o for o in self.outcomes if o.candidate.key in kept]
+        anchor = next((o.candidate for o in self.outcomes if usable(o.candidate)), None)
+        if anchor is not None:
+            line = f"quick: {len(self.outcomes)} candidates, around {anchor.label} and one change of each dimension"
+            self.notes.append(line)
+            self.progress(f"[quick] {line}")
 
     def _next_to_screen(self) -> Outcome | None:
         """The unmeasured candidate nearest the best so far: the fewest rank steps from it over the dimensions (prior

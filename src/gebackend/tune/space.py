@@ -239,19 +239,20 @@ def space(cores: int, engines: Sequence[str], capabilities: Sequence[str], max_b
           static_ok: bool = True, quick: bool = False, available: Callable[[str], bool] = lambda feature: True,
           table: Sequence[PrecisionRung] = PRECISIONS, slow: Slow = lambda engine, rung: "",
           trim: bool = False, favoured: Favoured = lambda engine, rung: None) -> list[Candidate]:
-    """Every candidate for this machine and model, in prior order (see the module docstring); `quick`: the usual
-    best guess and one change of each dimension from it (4-6 candidates). `trim`: every candidate cuts its batches'
-    padding (trim_padding), and the static graph, whose batch buckets keep the full length and so cannot cut, comes
-    after every dynamic candidate (kept, measured last)."""
-    pairs = numerics(engines, capabilities, available, table, slow, favoured)
+    """Every candidate for this machine and model, in prior order (see the module docstring); `quick`: only those of
+    a quick tune's engines and precisions (`_quick_numerics`), of which the search screens `quick_set`. `trim`: every
+    candidate cuts its batches' padding (trim_padding), and the static graph, whose batch buckets keep the full
+    length and so cannot cut, comes after every dynamic candidate (kept, measured last)."""
+    pairs = all_pairs = numerics(engines, capabilities, available, table, slow, favoured)
     graphs = ([False, True] if trim else [True, False]) if static_ok else [False]
     uncut = STATIC_UNCUT_RANK if trim else 0  # the static graph's rank offset when the others cut their padding
     layouts = instance_layouts(cores, concurrency)
     delays = queue_delays(max_batch_size, concurrency)
     if quick:
-        return _quick(pairs, graphs, layouts, delays, max_batch_size, cores, trim)
+        pairs = _quick_numerics(pairs)
     out = []
-    for a, (engine, rung) in enumerate(pairs):
+    for engine, rung in pairs:
+        a = all_pairs.index((engine, rung))
         for b, static in enumerate(graphs):
             for c, layout in enumerate(layouts):
                 for d, delay in enumerate(delays):
@@ -260,27 +261,49 @@ def space(cores: int, engines: Sequence[str], capabilities: Sequence[str], max_b
     return sorted(out, key=lambda cand: (sum(cand.ranks), cand.ranks))
 
 
-def _quick(pairs, graphs, layouts, delays, max_batch_size: int, cores: int, trim: bool = False) -> list[Candidate]:
-    def make(p=0, g=0, lay=0, d=0):
-        engine, rung = pairs[p]
-        return make_candidate(engine, rung, graphs[g], layouts[lay], delays[d], max_batch_size, cores, (p, g, lay, d),
-                              trim)
+QUICK_NUMERICS = 3  # a quick tune's (engine, precision) pairs: with the guess's 3 neighbours, 6 candidates at most
 
-    out = [make()]
-    if len(graphs) > 1:
-        out.append(make(g=1))
-    if len(layouts) > 1:
-        out.append(make(lay=1))
-    if len(delays) > 1:
-        out.append(make(d=1))
+
+def _quick_numerics(pairs: list[tuple[str, PrecisionRung]]) -> list[tuple[str, PrecisionRung]]:
+    """The usual best guess, the exact rung when the guess is a lowered one (the accuracy guard may reject every
+    lowered one), then the first lowered rung of each engine not yet in: `QUICK_NUMERICS` at most."""
     guess_engine, guess_rung = pairs[0]
-    if guess_rung.name != "origin":  # a favoured lowered guess: the exact rung too, the accuracy guard may reject it
-        out.append(make(p=next(p for p, (_, rung) in enumerate(pairs) if rung.name == "origin")))
-    seen_engines: set[str] = {guess_engine} if guess_rung.name != "origin" else set()
-    for p, (engine, rung) in enumerate(pairs):  # the first lowered precision on each engine
-        if rung.name != "origin" and engine not in seen_engines and len(out) < 6:
-            seen_engines.add(engine)
-            out.append(make(p=p))
+    out = [pairs[0]]
+    if guess_rung.name != "origin":
+        out.append(next(pair for pair in pairs if pair[1].name == "origin"))
+    seen = {guess_engine} if guess_rung.name != "origin" else set()
+    for engine, rung in pairs:
+        if rung.name != "origin" and engine not in seen and len(out) < QUICK_NUMERICS:
+            seen.add(engine)
+            out.append((engine, rung))
+    return out
+
+
+def quick_set(candidates: Sequence[Candidate], usable: Callable[[Candidate], bool] = lambda cand: True
+              ) -> list[Candidate]:
+    """What a quick tune screens: the usable candidate of the fewest rank steps (the best guess; once the accuracy
+    guard has timed the precisions, one with the fastest), the next value of each other dimension from it, and each
+    other engine and precision at its other values (usable or not: a rejected or pruned rung is reported so).
+    Candidates without ranks (references) are not chosen."""
+    ranked = [cand for cand in candidates if cand.ranks]
+    pool = [cand for cand in ranked if usable(cand)] or ranked
+    if not pool:
+        return []
+    anchor = min(pool, key=lambda cand: (sum(cand.ranks), cand.ranks))
+    at = anchor.choices()
+
+    def one_change(cand: Candidate, dimension: str) -> bool:
+        return all(value == at[d] for d, value in cand.choices().items() if d != dimension)
+
+    out = [anchor]
+    for index, dimension in enumerate(DIMENSIONS):
+        if dimension == "numerics":
+            continue
+        later = [cand for cand in pool if one_change(cand, dimension) and cand.ranks[index] > anchor.ranks[index]]
+        if later:
+            out.append(min(later, key=lambda cand: cand.ranks[index]))
+    out += sorted((cand for cand in ranked if cand.numerics != anchor.numerics and one_change(cand, "numerics")),
+                  key=lambda cand: cand.ranks)
     return out
 
 
@@ -310,4 +333,4 @@ def peer(model: TunedModel, cores: int) -> Candidate:
 
 
 __all__ = ["DIMENSIONS", "PRECISIONS", "Candidate", "Favoured", "PrecisionRung", "TunedModel", "accuracy_groups",
-           "baseline", "buckets_for", "instance_layouts", "make_candidate", "numerics", "peer", "space"]
+           "baseline", "buckets_for", "instance_layouts", "make_candidate", "numerics", "peer", "quick_set", "space"]

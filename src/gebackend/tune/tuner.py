@@ -183,7 +183,10 @@ def run(settings: TuneSettings, progress: Callable[[str], None] = _stderr) -> tu
     cores = candidates[0].cores if candidates else 1
     log_file = open(out / "tune.log", "a", buffering=1)
     log = lambda line: log_file.write(line + "\n")  # noqa: E731 - the bench's own lines: commands, server output
-    progress(f"tune: {model.name}: {len(candidates)} candidates on {machine()}; writing to {out}")
+    count = (f"{len(space.quick_set(candidates))} of {len(candidates)} candidates (quick: the best guess once the "
+             f"precisions are timed, and one change of each dimension)" if settings.quick
+             else f"{len(candidates)} candidates")
+    progress(f"tune: {model.name}: {count} on {machine()}; writing to {out}")
     if model.static_problem:
         progress(f"tune: no static candidates: {model.static_problem}")
     if trim:
@@ -198,7 +201,7 @@ def run(settings: TuneSettings, progress: Callable[[str], None] = _stderr) -> tu
     settings_s = search_mod.SearchSettings(
         concurrency=settings.concurrency, min_cosine=settings.min_cosine, latency_budget_ms=settings.latency_budget_ms,
         time_budget_s=settings.time_budget_min * 60, finalists=2 if settings.quick else 3,
-        rounds=2 if settings.quick else 3)
+        rounds=2 if settings.quick else 3, quick=settings.quick)
     try:
         measurer = BenchMeasurer(model, out, settings.concurrency, quick=settings.quick, peer=found, log=log,
                                  input_data=settings.input_data)
