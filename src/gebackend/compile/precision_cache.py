@@ -45,8 +45,9 @@ LEAF = "precision"
 _CHUNK = 1 << 20
 # Raised whenever compile/precision.py or compile/quantize_static.py write a different file from the same model and
 # options, so that entries made by the old lowering are not served. 2: Identity-shared constants untied before ONNX
-# Runtime's quantizers (compile/untie.py); 3: Constant nodes made initializers too.
-LOWERING_VERSION = "3"
+# Runtime's quantizers (compile/untie.py); 3: Constant nodes made initializers too; 4: ONNX Runtime's static int8 of
+# an attention graph quantizes only Conv/MatMul/Gemm (compile/quantize_static.py).
+LOWERING_VERSION = "4"
 
 
 @dataclass(frozen=True)
