@@ -139,7 +139,7 @@ def test_explain_gives_the_ratio_to_the_twin_that_differs_in_one_dimension():
 
 
 def fake_search(tmp_path):
-    cs = space.space(2, ("onnxruntime",), (), 8, 4, quick=True)
+    cs = space.quick_set(space.space(2, ("onnxruntime",), (), 8, 4))
     base = space.Candidate("baseline", cs[0].scenario, cs[0].rung, 2, kind="baseline")
     search = Search(cs, None, SearchSettings())
     search.references = [outcome(base, 100.0)]

@@ -76,21 +76,23 @@ def test_the_search_serves_the_fastest_rung_first_and_never_starts_the_dead_ones
     assert any(note.startswith("screening order by the time of one request in process") for note in done.notes)
 
 
-def test_a_quick_tune_screens_around_the_fastest_timed_rung_not_the_rules_guess():
+def test_a_quick_tune_times_every_precision_and_screens_around_the_fastest():
     clock = Clock()
     m = TimedMeasurer(clock)
-    pool = space.space(2, ("onnxruntime", "openvino"), ("BF16", "FP32"), 8, 2, quick=True)
+    pool = full_space()
     assert space.quick_set(pool)[0].numerics == ("onnxruntime", "origin")  # the rules' guess, before any timing
     s = SearchSettings(concurrency=2, rounds=1, finalists=2, time_budget_s=100_000, quick=True)
     done = Search(pool, m, s, budget=Budget(s.time_budget_s, clock)).run()
+    assert {(e[1], e[2]) for e in m.events if e[0] == "accuracy"} == set(TIMES)  # every precision checked and timed
     started = m.started()
-    assert started[0] == "ov-static-bf16-1x2-d0"  # openvino bf16 timed fastest (40 ms against 100 and 60)
+    assert started[0] == "ov-static-int8-static-1x2-d0"  # timed fastest: 10 ms, the next 40
+    assert {"ov-dynamic-int8-static-1x2-d0", "ov-static-int8-static-2x1-d0", "ov-static-int8-static-1x2-d100"} <= set(started)
+    assert all("-int8-static-" in key and key.startswith("ov-") for key in started)
     out = {o.candidate.key: o for o in done.outcomes}
-    assert set(started) <= set(out) and len(out) == 6
-    assert {"ov-dynamic-bf16-1x2-d0", "ov-static-bf16-2x1-d0", "ov-static-bf16-1x2-d100"} <= set(started)
-    # the other rungs once each, at the guess's other values; none of the exact rung's variations; the exact one
-    # (100 ms against 40) is reported pruned unserved
-    assert "ort-static-int8-1x2-d0" in started
-    assert out["ort-static-origin-1x2-d0"].status.startswith("pruned: onnxruntime origin took 100.0 ms")
-    assert [key for key in out if key.startswith("ort-")] == ["ort-static-int8-1x2-d0", "ort-static-origin-1x2-d0"]
-    assert any(note.startswith("quick: 6 candidates, around openvino static bf16") for note in done.notes)
+    # the other precisions once each, at the guess's other values, all under half its speed: reported, never served
+    others = [o for o in out.values() if o.candidate.numerics != ("openvino", "int8-static")]
+    assert sorted(o.candidate.numerics for o in others) == sorted(set(TIMES) - {("openvino", "int8-static")})
+    assert all(o.status.startswith("pruned: ") and "not served" in o.status for o in others)
+    assert all(o.candidate.choices()["instances"] == (1, 2) for o in others)
+    assert any(note.startswith("quick: 4 candidates, around openvino static int8-static 1x2 cores delay 0us and one change "
+                                   "of each dimension (5 more of the other precisions reported, not served)") for note in done.notes)

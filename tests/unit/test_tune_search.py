@@ -57,7 +57,7 @@ class FakeMeasurer:
 
 
 def cands(quick=True, **kw):
-    found = space.space(2, ("onnxruntime", "openvino"), ("BF16", "FP32"), 8, 2, quick=quick, **kw)
+    found = space.space(2, ("onnxruntime", "openvino"), ("BF16", "FP32"), 8, 2, **kw)
     return space.quick_set(found) if quick else found
 
 

@@ -57,7 +57,7 @@ def add_parser(subparsers) -> None:
                    help="perf_analyzer --input-data JSON of your own requests, sent to every candidate and the peer "
                         "(default: one seeded random request); padded token ids make every candidate trim_padding")
     p.add_argument("--quick", action="store_true",
-                   help="3 precisions, 4-6 candidates around the fastest of them (timed in process), short windows")
+                   help="4-6 candidates around the fastest precision (each timed in process first), short windows")
     p.set_defaults(func=run)
 
 

@@ -209,9 +209,11 @@ class Search:
         by_key = {o.candidate.key: o for o in self.outcomes}
         kept = {cand.key for cand in quick_set([o.candidate for o in self.outcomes], usable)}
         self.outcomes = [o for o in self.outcomes if o.candidate.key in kept]
-        anchor = next((o.candidate for o in self.outcomes if usable(o.candidate)), None)
-        if anchor is not None:
-            line = f"quick: {len(self.outcomes)} candidates, around {anchor.label} and one change of each dimension"
+        served = [o.candidate for o in self.outcomes if usable(o.candidate)]
+        if served:
+            left = len(self.outcomes) - len(served)
+            line = (f"quick: {len(served)} candidates, around {served[0].label} and one change of each dimension"
+                    + (f" ({left} more of the other precisions reported, not served)" if left else ""))
             self.notes.append(line)
             self.progress(f"[quick] {line}")
 

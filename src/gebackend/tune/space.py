@@ -236,23 +236,20 @@ def make_candidate(engine: str, rung: PrecisionRung, static: bool, layout: tuple
 
 
 def space(cores: int, engines: Sequence[str], capabilities: Sequence[str], max_batch_size: int, concurrency: int,
-          static_ok: bool = True, quick: bool = False, available: Callable[[str], bool] = lambda feature: True,
+          static_ok: bool = True, available: Callable[[str], bool] = lambda feature: True,
           table: Sequence[PrecisionRung] = PRECISIONS, slow: Slow = lambda engine, rung: "",
           trim: bool = False, favoured: Favoured = lambda engine, rung: None) -> list[Candidate]:
-    """Every candidate for this machine and model, in prior order (see the module docstring); `quick`: only those of
-    a quick tune's engines and precisions (`_quick_numerics`), of which the search screens `quick_set`. `trim`: every
-    candidate cuts its batches' padding (trim_padding), and the static graph, whose batch buckets keep the full
-    length and so cannot cut, comes after every dynamic candidate (kept, measured last)."""
-    pairs = all_pairs = numerics(engines, capabilities, available, table, slow, favoured)
+    """Every candidate for this machine and model, in prior order (see the module docstring; a quick tune screens
+    only their `quick_set`). `trim`: every candidate cuts its batches' padding (trim_padding), and the static graph,
+    whose batch buckets keep the full length and so cannot cut, comes after every dynamic candidate (kept, measured
+    last)."""
+    pairs = numerics(engines, capabilities, available, table, slow, favoured)
     graphs = ([False, True] if trim else [True, False]) if static_ok else [False]
     uncut = STATIC_UNCUT_RANK if trim else 0  # the static graph's rank offset when the others cut their padding
     layouts = instance_layouts(cores, concurrency)
     delays = queue_delays(max_batch_size, concurrency)
-    if quick:
-        pairs = _quick_numerics(pairs)
     out = []
-    for engine, rung in pairs:
-        a = all_pairs.index((engine, rung))
+    for a, (engine, rung) in enumerate(pairs):
         for b, static in enumerate(graphs):
             for c, layout in enumerate(layouts):
                 for d, delay in enumerate(delays):
@@ -261,30 +258,16 @@ def space(cores: int, engines: Sequence[str], capabilities: Sequence[str], max_b
     return sorted(out, key=lambda cand: (sum(cand.ranks), cand.ranks))
 
 
-QUICK_NUMERICS = 3  # a quick tune's (engine, precision) pairs: with the guess's 3 neighbours, 6 candidates at most
-
-
-def _quick_numerics(pairs: list[tuple[str, PrecisionRung]]) -> list[tuple[str, PrecisionRung]]:
-    """The usual best guess, the exact rung when the guess is a lowered one (the accuracy guard may reject every
-    lowered one), then the first lowered rung of each engine not yet in: `QUICK_NUMERICS` at most."""
-    guess_engine, guess_rung = pairs[0]
-    out = [pairs[0]]
-    if guess_rung.name != "origin":
-        out.append(next(pair for pair in pairs if pair[1].name == "origin"))
-    seen = {guess_engine} if guess_rung.name != "origin" else set()
-    for engine, rung in pairs:
-        if rung.name != "origin" and engine not in seen and len(out) < QUICK_NUMERICS:
-            seen.add(engine)
-            out.append((engine, rung))
-    return out
+QUICK_SERVED = 6  # a quick tune serves at most this many candidates
 
 
 def quick_set(candidates: Sequence[Candidate], usable: Callable[[Candidate], bool] = lambda cand: True
               ) -> list[Candidate]:
     """What a quick tune screens: the usable candidate of the fewest rank steps (the best guess; once the accuracy
-    guard has timed the precisions, one with the fastest), the next value of each other dimension from it, and each
-    other engine and precision at its other values (usable or not: a rejected or pruned rung is reported so).
-    Candidates without ranks (references) are not chosen."""
+    guard has timed the precisions, one with the fastest), the next value of each other dimension from it, then the
+    other engines and precisions at its other values, fastest (or likeliest) first, `QUICK_SERVED` usable ones in
+    all; the unusable ones (rejected, pruned) once each too, which are never served but reported so. Candidates
+    without ranks (references) are not chosen."""
     ranked = [cand for cand in candidates if cand.ranks]
     pool = [cand for cand in ranked if usable(cand)] or ranked
     if not pool:
@@ -302,8 +285,14 @@ def quick_set(candidates: Sequence[Candidate], usable: Callable[[Candidate], boo
         later = [cand for cand in pool if one_change(cand, dimension) and cand.ranks[index] > anchor.ranks[index]]
         if later:
             out.append(min(later, key=lambda cand: cand.ranks[index]))
-    out += sorted((cand for cand in ranked if cand.numerics != anchor.numerics and one_change(cand, "numerics")),
-                  key=lambda cand: cand.ranks)
+    served = len(out)
+    for cand in sorted((c for c in ranked if c.numerics != anchor.numerics and one_change(c, "numerics")),
+                       key=lambda c: c.ranks):
+        if not usable(cand):
+            out.append(cand)
+        elif served < QUICK_SERVED:
+            out.append(cand)
+            served += 1
     return out
 
 

@@ -73,7 +73,7 @@ def machine_space(settings: TuneSettings, model: space.TunedModel, slow: space.S
         cores = os.cpu_count() or 1
     engines = installed_engines()
     return space.space(cores, engines, capabilities(engines), model.max_batch_size, settings.concurrency,
-                       static_ok=not model.static_problem, quick=settings.quick,
+                       static_ok=not model.static_problem,
                        available=lambda feature: scenarios.feature_missing(feature) is None,
                        slow=slow, trim=trim, favoured=favoured)
 
@@ -183,8 +183,8 @@ def run(settings: TuneSettings, progress: Callable[[str], None] = _stderr) -> tu
     cores = candidates[0].cores if candidates else 1
     log_file = open(out / "tune.log", "a", buffering=1)
     log = lambda line: log_file.write(line + "\n")  # noqa: E731 - the bench's own lines: commands, server output
-    count = (f"{len(space.quick_set(candidates))} of {len(candidates)} candidates (quick: the best guess once the "
-             f"precisions are timed, and one change of each dimension)" if settings.quick
+    count = (f"at most {space.QUICK_SERVED} of {len(candidates)} candidates (quick: around the fastest precision "
+             f"once every one is timed in process, one change of each dimension)" if settings.quick
              else f"{len(candidates)} candidates")
     progress(f"tune: {model.name}: {count} on {machine()}; writing to {out}")
     if model.static_problem:
