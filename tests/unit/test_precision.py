@@ -93,6 +93,33 @@ def test_int8_logs_what_it_quantized(models, tmp_path):
     assert any(re.search(r"precision int8: .* 13 of 13 node\(s\) with constant weights quantized", m) for m in logged)
 
 
+@pytest.mark.parametrize("int8_range", ["reduced", "full"])
+def test_dynamic_int8_weights_are_per_channel_and_7_bit_where_the_cpu_saturates(models, tmp_path, monkeypatch,
+                                                                                 int8_range):
+    """On x86 without VNNI AVX2's u8*s8 pairs saturate: the 4-layer CN_CLIP image encoder's full-range weights gave
+    cosine 0.9947, 7-bit per-channel ones 0.99985 at the same speed. The range follows the CPU (as static int8)."""
+    from onnx import numpy_helper
+
+    from gebackend.compile import quantize_static
+
+    monkeypatch.setattr(quantize_static, "int8_range", lambda flags=None, machine=None: int8_range)
+    logged = []
+    out = lower_precision(models["bert"], "int8", tmp_path, logged.append)
+    model = onnx.load(str(out))
+    inits = {init.name: numpy_helper.to_array(init) for init in model.graph.initializer}
+    weights = [inits[node.input[1]] for node in model.graph.node if node.op_type in ("MatMulInteger", "DynamicQuantizeMatMul")
+               and node.input[1] in inits]
+    assert len(weights) == 13 and all(w.dtype == np.int8 for w in weights)  # 12 MatMul, the pooler's Gemm
+    top = max(int(np.abs(w.astype(np.int32)).max()) for w in weights)
+    assert top <= 64 if int8_range == "reduced" else top == 127
+    zero_points = [inits[node.input[3]] for node in model.graph.node if node.op_type == "MatMulInteger"]
+    assert len(zero_points) == 13 and all(z.ndim == 1 and z.size == w.shape[1] for z, w in zip(zero_points, weights))
+    scales = [inits[name] for name in inits if name.endswith("weight_scale")]  # one per column too
+    assert len(scales) == 13 and all(s.ndim == 1 and s.size > 1 for s in scales)
+    bits = "7-bit (reduce_range" if int8_range == "reduced" else "full 8-bit"
+    assert any(f"QInt8 weights per channel, {bits}" in line for line in logged), logged
+
+
 # ------------------------------------------------------------------------------------------- accuracy report
 
 

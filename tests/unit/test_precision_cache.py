@@ -104,18 +104,19 @@ def test_second_load_reuses_without_quantizing(model, counting):
     assert dynamic.event == "quantized" and dynamic.path != first.path and counting == ["static", "dynamic"]
 
 
-def test_a_cpu_of_the_other_int8_range_gets_its_own_static_entry(model, counting, monkeypatch):
+@pytest.mark.parametrize("quantization", ["static", "dynamic"])
+def test_a_cpu_of_the_other_int8_range_gets_its_own_entry(model, counting, monkeypatch, quantization):
     """A repository on storage shared by a VNNI machine and an AVX2-only one: the 8-bit file made on one is not the
-    7-bit one the other needs (compile/quantize_static.int8_range)."""
+    7-bit one the other needs (compile/quantize_static.int8_range), static or dynamic."""
     from gebackend.compile import quantize_static
 
-    here = _lower(model, quantization="static")
+    here = _lower(model, quantization=quantization)
     other = "full" if quantize_static.int8_range() == "reduced" else "reduced"
     monkeypatch.setattr(quantize_static, "int8_range", lambda flags=None, machine=None: other)
-    there = _lower(model, quantization="static")
-    assert there.event == "quantized" and there.path != here.path and counting == ["static", "static"]
+    there = _lower(model, quantization=quantization)
+    assert there.event == "quantized" and there.path != here.path and counting == [quantization, quantization]
     monkeypatch.undo()
-    assert _lower(model, quantization="static").path == here.path and len(counting) == 2  # reused again
+    assert _lower(model, quantization=quantization).path == here.path and len(counting) == 2  # reused again
 
 
 def test_models_linked_into_several_repositories_share_one_entry(model, tmp_path, counting):

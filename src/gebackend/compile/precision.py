@@ -6,7 +6,11 @@
   OpenVINO) from samples (compile/calibration.py).
 * int8 dynamic: onnxruntime's dynamic quantization (`quantize_dynamic`): weights quantized once, activations per
   run, no calibration data. Weights are QInt8 (activations uint8: MatMulInteger u8s8, the fast path on
-  x86 with VNNI; QUInt8 weights measured slower). Only MatMul and Gemm are quantized by default: ORT's
+  x86 with VNNI; QUInt8 weights measured slower), per channel, 7-bit (`reduce_range`) where the CPU's u8*s8
+  saturates (compile/quantize_static.py `int8_range`: x86 without VNNI), as for static int8. With full 8-bit
+  per-tensor weights on an AMD EPYC with AVX2 only, the 4-layer CN_CLIP image encoder came out at cosine 0.9947 to
+  fp32 (its products saturated), 0.99985 so, at the same speed; the text encoder 0.99979 and 0.99962. Only MatMul
+  and Gemm are quantized by default: ORT's
   ConvInteger kernel measured ~5x slower than the fp32 Conv on the example ResNet
   (bench/ort_tuning.py --what precision --model resnet).
 * fp16: `onnxruntime.transformers.float16.convert_float_to_float16(keep_io_types=True)`: inputs and
@@ -161,17 +165,22 @@ def lower_precision(
 def _int8(path: Path, out: Path, op_types: tuple[str, ...], log: Callable[[str], None]) -> None:
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
+    from gebackend.compile.quantize_static import int8_range
+
+    reduced = int8_range() == "reduced"
     with quantizer_source(path, out.parent, log) as source, _quiet():
         seen = source if isinstance(source, onnx.ModelProto) else onnx.load(str(path), load_external_data=False)
         candidates = _count(seen, op_types, weighted=True)  # as the quantizer sees the model
         quantize_dynamic(
-            source, str(out), op_types_to_quantize=list(op_types), weight_type=QuantType.QInt8,
-            use_external_data_format=_large(path),
+            source, str(out), op_types_to_quantize=list(op_types), weight_type=QuantType.QInt8, per_channel=True,
+            reduce_range=reduced, use_external_data_format=_large(path),
         )
     after = onnx.load(str(out), load_external_data=False)
     quantized = _count(after, ("MatMulInteger", "ConvInteger", "DynamicQuantizeMatMul", "QGemm", "MatMulIntegerToFloat"))
-    log(f"precision int8: dynamic quantization (QInt8 weights, uint8 activations) of {', '.join(op_types)}: "
-        f"{quantized} of {candidates} node(s) with constant weights quantized"
+    bits = ("7-bit (reduce_range: an x86 CPU without VNNI, whose u8*s8 products saturate)" if reduced
+            else "full 8-bit")
+    log(f"precision int8: dynamic quantization (QInt8 weights per channel, {bits}; uint8 activations) of "
+        f"{', '.join(op_types)}: {quantized} of {candidates} node(s) with constant weights quantized"
         + ("; none had constant weights, the model runs as fp32" if quantized == 0 else ""))
 
 

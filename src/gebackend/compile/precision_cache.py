@@ -9,8 +9,8 @@ folder is writable, else `$GE_CACHE_DIR/<model>/
 precision/`, then `$XDG_CACHE_HOME` or `~/.cache` `/gebackend/<model>/precision/`, then the temp folder (cache_dir.py).
 An entry is `<model stem>.<mode>[-<quantization>].<key>.onnx` (plus `.data` for models over 1 GiB); its key is a
 sha256 of the model file's bytes and its external data files, the precision options (mode, quantization, engine,
-calibration sample count and a sha256 of the calibration files, and for static int8 the CPU's `int8_range`, full or
-7-bit weights: compile/quantize_static.py), the onnx, onnxruntime and nncf versions, and `LOWERING_VERSION` (raised
+calibration sample count and a sha256 of the calibration files, and for int8 the CPU's `int8_range`, full or 7-bit
+weights: compile/quantize_static.py), the onnx, onnxruntime and nncf versions, and `LOWERING_VERSION` (raised
 when our own lowering writes a different file from the same inputs): a changed model, option, library, lowering or
 kind of CPU is a new entry (a repository shared by machines of both kinds holds one of each). Old
 entries are not removed: delete the folder to clear it.
@@ -46,8 +46,9 @@ _CHUNK = 1 << 20
 # Raised whenever compile/precision.py or compile/quantize_static.py write a different file from the same model and
 # options, so that entries made by the old lowering are not served. 2: Identity-shared constants untied before ONNX
 # Runtime's quantizers (compile/untie.py); 3: Constant nodes made initializers too; 4: ONNX Runtime's static int8 of
-# an attention graph quantizes only Conv/MatMul/Gemm (compile/quantize_static.py).
-LOWERING_VERSION = "4"
+# an attention graph quantizes only Conv/MatMul/Gemm (compile/quantize_static.py); 5: dynamic int8 weights per channel,
+# 7-bit where int8_range says so (compile/precision.py).
+LOWERING_VERSION = "5"
 
 
 @dataclass(frozen=True)
@@ -188,7 +189,9 @@ def lowered_model(model: str, model_path: Path, engines, engine_kind, batching: 
         else:
             options.update(calibration="random", shapes=repr(sorted((shapes or {}).items())))
     elif quantization == "dynamic":
-        options["op_types"] = ",".join(op_types)
+        from gebackend.compile.quantize_static import int8_range
+
+        options.update(op_types=",".join(op_types), int8_range=int8_range())
 
     def build(folder: Path, name: str) -> Path:
         chosen = samples

@@ -18,8 +18,8 @@
   `overflow_fix=ENABLE` (7-bit weights in every layer; NNCF's default fixes only the first) for the same
   saturation: measured on an AMD EPYC with AVX2 only, a small MLP went from cosine 0.988 to 0.996 against fp32.
 
-`int8_range` is that one rule (full 8-bit weights, or 7-bit where u8*s8 saturates); the precision cache keys on it,
-so a quantized file made on one CPU is not reused on a CPU that needs the other.
+`int8_range` is that one rule (full 8-bit weights, or 7-bit where u8*s8 saturates; dynamic int8 follows it too); the
+precision cache keys on it, so a quantized file made on one CPU is not reused on a CPU that needs the other.
 
 Both run quietly (their logs, prints and progress bars are swallowed; NNCF's telemetry is switched off, see
 `_import_nncf`) and a failure inside them is a
@@ -91,7 +91,8 @@ def _arm(machine: str) -> bool:
 
 def int8_range(flags: Iterable[str] | None = None, machine: str | None = None) -> str:
     """"reduced" (7-bit weights) on an x86 CPU without VNNI, whose u8*s8 instruction (VPMADDUBSW) adds pairs of
-    products into a saturating int16; else "full". Both static quantizers follow it (`ort_types`, `nncf_overflow_fix`)."""
+    products into a saturating int16; else "full". Both static quantizers follow it (`ort_types`, `nncf_overflow_fix`),
+    and ONNX Runtime's dynamic int8 (compile/precision.py)."""
     flags, machine = _cpu(flags, machine)
     return "reduced" if not _arm(machine) and not flags & VNNI_FLAGS else "full"
 
