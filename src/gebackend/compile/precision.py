@@ -99,6 +99,12 @@ def quantizer_source(path: Path, scratch: Path, log: Callable[[str], None] = lam
         yield str(view / path.name)
 
 
+def source_graph(source, path: Path) -> onnx.ModelProto:
+    """The model as the quantizer sees it, from what `quantizer_source` yielded: that loaded (untied) model itself,
+    or for a large model handed over as a path, its graph read without the external data."""
+    return source if isinstance(source, onnx.ModelProto) else onnx.load(str(path), load_external_data=False)
+
+
 def _count(model: onnx.ModelProto, op_types: tuple[str, ...], weighted: bool = False) -> int:
     """Nodes of these types; with `weighted`, only those with a constant (initializer) input."""
     constants = {init.name for init in model.graph.initializer} if weighted else set()
@@ -169,8 +175,7 @@ def _int8(path: Path, out: Path, op_types: tuple[str, ...], log: Callable[[str],
 
     reduced = int8_range() == "reduced"
     with quantizer_source(path, out.parent, log) as source, _quiet():
-        seen = source if isinstance(source, onnx.ModelProto) else onnx.load(str(path), load_external_data=False)
-        candidates = _count(seen, op_types, weighted=True)  # as the quantizer sees the model
+        candidates = _count(source_graph(source, path), op_types, weighted=True)
         quantize_dynamic(
             source, str(out), op_types_to_quantize=list(op_types), weight_type=QuantType.QInt8, per_channel=True,
             reduce_range=reduced, use_external_data_format=_large(path),

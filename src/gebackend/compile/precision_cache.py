@@ -175,11 +175,12 @@ def lowered_model(model: str, model_path: Path, engines, engine_kind, batching: 
     quantization = resolve_quantization(engines.quantization, engines.calibration_data, engine_kind) if mode == "int8" else ""
     options = {"mode": mode, "quantization": quantization, "engine": engine_kind.name}
     samples, data, feeds = None, [], None
-    if quantization == "static":
+    if quantization:
         from gebackend.compile.quantize_static import int8_range
 
-        options.update(quantizer=engine_kind.static_quantizer, samples=str(engines.calibration_samples),
-                       int8_range=int8_range())
+        options["int8_range"] = int8_range()  # full or 7-bit weights: both quantizations follow it
+    if quantization == "static":
+        options.update(quantizer=engine_kind.static_quantizer, samples=str(engines.calibration_samples))
         if engines.calibration_data:
             source = calibration.resolve(engines.calibration_data, model_path)
             samples = calibration.load_samples(model, model_path, source, batching, engines.calibration_samples)
@@ -189,9 +190,7 @@ def lowered_model(model: str, model_path: Path, engines, engine_kind, batching: 
         else:
             options.update(calibration="random", shapes=repr(sorted((shapes or {}).items())))
     elif quantization == "dynamic":
-        from gebackend.compile.quantize_static import int8_range
-
-        options.update(op_types=",".join(op_types), int8_range=int8_range())
+        options["op_types"] = ",".join(op_types)
 
     def build(folder: Path, name: str) -> Path:
         chosen = samples

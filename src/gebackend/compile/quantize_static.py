@@ -143,13 +143,14 @@ def quantize_onnxruntime(path: Path, out: Path, samples: Sequence[dict], log: Ca
     """ORT static QDQ int8 of `path` written to `out`; the number of QuantizeLinear/DequantizeLinear nodes."""
     from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
 
-    from gebackend.compile.precision import quantizer_source
+    from gebackend.compile.precision import quantizer_source, source_graph
 
     activation, weight, reduce_range, why = ort_types()
     large = _large(path)
-    transformer = is_transformer(onnx.load(str(path), load_external_data=False))
+    transformer = False
     try:
         with quantizer_source(path, out.parent, log) as source, quiet():
+            transformer = is_transformer(source_graph(source, path))
             quantize_static(
                 source, str(out), _Reader(samples), quant_format=QuantFormat.QDQ, per_channel=True,
                 reduce_range=reduce_range, activation_type=getattr(QuantType, activation),
