@@ -12,7 +12,8 @@ import onnx
 from gebackend.config.pbtxt import load_model_config
 from gebackend.modelzoo import build_add_mul
 from gebackend.tune import config_writer, report, space, tuner
-from gebackend.tune.search import Measurement, Outcome, Search, SearchSettings
+from gebackend.tune.outcome import Measurement, Outcome
+from gebackend.tune.search import Search, SearchSettings
 
 ORIGINAL = """name: "addmul"
 backend: "npu_ge"

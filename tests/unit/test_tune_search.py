@@ -9,7 +9,8 @@ import pytest
 
 from gebackend.tune import space
 from gebackend.tune.numerics_order import Check
-from gebackend.tune.search import Budget, Measurement, MeasureFailed, Search, SearchSettings
+from gebackend.tune.outcome import Measurement, MeasureFailed
+from gebackend.tune.search import Budget, Search, SearchSettings
 
 
 class Clock:
@@ -207,7 +208,7 @@ def test_interrupt_keeps_the_best_so_far():
 
 @pytest.mark.parametrize("values,expected", [([100.0, 120.0, 90.0], 0.3), ([50.0], None)])
 def test_spread_is_max_minus_min_over_the_median(values, expected):
-    from gebackend.tune.search import Outcome
+    from gebackend.tune.outcome import Outcome
 
     o = Outcome(cands()[0], rounds=[Measurement(v, 1, 2) for v in values])
     assert (o.spread if expected is None else round(o.spread, 6)) == expected

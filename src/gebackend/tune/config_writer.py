@@ -151,7 +151,7 @@ def explain(winner, outcomes: Sequence, concurrency: int) -> dict[str, str]:
     """dimension -> why the winner's value: its throughput over the best measured candidate that differs from it
     in that dimension (one that differs in nothing else when there is one, else in the fewest other dimensions, and
     then the reason says which), both from their screening windows (the
-    one measurement every candidate has, made the same way). `winner` and `outcomes` are search.Outcome objects
+    one measurement every candidate has, made the same way). `winner` and `outcomes` are outcome.Outcome objects
     (anything with .candidate, .screen, .status and .cosine)."""
     mine = winner.candidate.choices()
     out = {}

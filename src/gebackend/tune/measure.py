@@ -22,7 +22,7 @@ from gebackend.bench import inprocess, perf_analyzer, scenarios
 from gebackend.bench.runner import Bench, BenchSettings
 from gebackend.tune import config_writer
 from gebackend.tune.numerics_order import Check
-from gebackend.tune.search import Measurement, MeasureFailed
+from gebackend.tune.outcome import Measurement, MeasureFailed
 from gebackend.tune.space import Candidate, PrecisionRung, TunedModel, make_candidate
 
 # perf_analyzer's own stability loop (3 windows within s%) is loosened to 100 %: on a noisy machine it rarely

@@ -13,7 +13,8 @@ import json
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from gebackend.tune.search import Outcome, Search
+from gebackend.tune.outcome import Outcome
+from gebackend.tune.search import Search
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:

@@ -26,29 +26,17 @@ or a fake in tests).
 
 from __future__ import annotations
 
-import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Protocol, Sequence
 
 from gebackend.tune import numerics_order
 from gebackend.tune.budget import Budget
 from gebackend.tune.numerics_order import Check
+from gebackend.tune.outcome import Measurement, MeasureFailed, Outcome
 from gebackend.tune.space import DIMENSIONS, Candidate, PrecisionRung, quick_set
 
 MIN_START_S = 10.0  # the shortest start-up a server is given
 ROUND_MARGIN = 1.1  # another refining round starts when the time left is this many times the last round's
-
-
-class MeasureFailed(RuntimeError):
-    """A candidate that could not be served or measured (the message is the reason)."""
-
-
-@dataclass
-class Measurement:
-    throughput: float
-    p50_ms: float
-    p99_ms: float
-    notes: str = ""
 
 
 class Measurer(Protocol):
@@ -56,48 +44,6 @@ class Measurer(Protocol):
     def start(self, cand: Candidate, timeout_s: float): ...  # a handle; raises MeasureFailed
     def measure(self, handle, phase: str) -> Measurement: ...  # phase: "screen" or "refine"; raises MeasureFailed
     def stop(self, handle) -> None: ...
-
-
-@dataclass
-class Outcome:
-    candidate: Candidate
-    status: str = "not run"
-    cosine: float | None = None
-    screen: Measurement | None = None
-    rounds: list[Measurement] = field(default_factory=list)
-    startup_s: float | None = None
-
-    @property
-    def measured(self) -> list[Measurement]:
-        return self.rounds or ([self.screen] if self.screen else [])
-
-    def _median(self, attr: str) -> float | None:
-        values = [getattr(m, attr) for m in self.measured]
-        return statistics.median(values) if values else None
-
-    @property
-    def throughput(self) -> float | None:
-        return self._median("throughput")
-
-    @property
-    def p50_ms(self) -> float | None:
-        return self._median("p50_ms")
-
-    @property
-    def p99_ms(self) -> float | None:
-        return self._median("p99_ms")
-
-    @property
-    def spread(self) -> float | None:
-        """(max - min) / median of the rounds' throughputs (None with fewer than 2 rounds)."""
-        values = [m.throughput for m in self.rounds]
-        if len(values) < 2 or not statistics.median(values):
-            return None
-        return (max(values) - min(values)) / statistics.median(values)
-
-    @property
-    def eligible(self) -> bool:
-        return self.status in ("ok", "finalist", "winner")
 
 
 @dataclass
