@@ -12,6 +12,7 @@ import onnx
 from gebackend.config.pbtxt import load_model_config
 from gebackend.modelzoo import build_add_mul
 from gebackend.tune import config_writer, report, space, tuner
+from gebackend.tune.numerics_order import Check
 from gebackend.tune.outcome import Measurement, Outcome
 from gebackend.tune.search import Search, SearchSettings
 
@@ -161,6 +162,51 @@ def test_report_has_every_candidate_with_status_and_ratios(tmp_path):
     md = (tmp_path / "report.md").read_text()
     assert "- machine: a CPU" in md and "rejected: cosine 0.990000 < 0.999" in md and "| 1.50x |" in md
     assert (tmp_path / "tune.png").stat().st_size > 5000
+
+
+def peer_faster_search(tmp_path, peer_rounds=(300.0, 330.0), winner_ms=0.3, quick=True):
+    """fake_search with the peer measured in the refining rounds beside the winner (150, 160 infer/s), the accuracy
+    guard's in-process times and a faster precision rejected for accuracy."""
+    search = fake_search(tmp_path)
+    search.settings.quick = quick
+    peer = space.Candidate("peer", search.outcomes[0].candidate.scenario, search.outcomes[0].candidate.rung, 2, kind="peer")
+    search.references.append(Outcome(peer, rounds=[Measurement(t, 1.0, 2.0) for t in peer_rounds]))
+    search.winner.rounds = [Measurement(150.0, 1.0, 2.0), Measurement(160.0, 1.0, 2.0)]
+    search.checks = {("onnxruntime", "origin"): Check(1.0, winner_ms), ("onnxruntime", "int8"): Check(0.99, winner_ms / 2),
+                     ("onnxruntime", "int8-static"): Check(0.98, winner_ms * 2)}
+    search.outcomes.append(Outcome(search.outcomes[1].candidate, status="skipped: time budget"))
+    return search
+
+
+def test_the_report_says_when_the_onnxruntime_backend_beat_every_candidate_and_why(tmp_path):
+    search = peer_faster_search(tmp_path)
+    verdict = report.peer_verdict(search)
+    # the ratio of the medians of the same rounds (315 / 155), the spreads, and what was measured of why
+    assert verdict.startswith("Triton's onnxruntime backend served 2.03x the winner in the same rounds (medians of 2; "
+                              "spread of the rounds: the backend 10 %, the winner 6 %)")
+    assert "One request computes in 0.30 ms in process (onnxruntime origin, the fastest accepted precision)" in verdict
+    assert ("under --min-cosine 0.999, so not served: onnxruntime int8 (0.15 ms, cosine 0.990000); a lower "
+            "--min-cosine measures them") in verdict
+    assert "int8-static" not in verdict  # rejected, but slower than the winner's precision: no reason to try it
+    assert "1 candidate(s) were not measured within the time budget: a longer --time-budget-min (or a tune without " \
+           "--quick) measures them." in verdict
+    data = report.summary(search, {"model": "addmul", "machine": "a CPU", "concurrency": 4}, {}, "cfg")
+    report.write(tmp_path, data)
+    assert json.loads((tmp_path / "report.json").read_text())["peer_verdict"] == verdict
+    assert verdict in (tmp_path / "report.md").read_text()
+
+
+def test_no_peer_verdict_where_the_winner_beat_the_peer_or_none_was_measured(tmp_path):
+    assert report.peer_verdict(fake_search(tmp_path)) is None  # no peer
+    assert report.peer_verdict(peer_faster_search(tmp_path, peer_rounds=(150.0, 154.0))) is None  # winner's 155 above
+    data = report.summary(fake_search(tmp_path), {"model": "addmul", "machine": "a CPU", "concurrency": 4}, {}, "cfg")
+    assert data["peer_verdict"] is None and "onnxruntime backend served" not in report.markdown(data)
+
+
+def test_the_peer_verdict_blames_the_transport_only_for_a_model_that_computes_for_little(tmp_path):
+    verdict = report.peer_verdict(peer_faster_search(tmp_path, winner_ms=30.0, quick=False))
+    assert verdict.startswith("Triton's onnxruntime backend served 2.03x") and "in process (" not in verdict
+    assert "onnxruntime int8 (15.00 ms" in verdict and "(or a tune without --quick)" not in verdict
 
 
 def test_apply_keeps_the_old_config_as_orig(tmp_path):

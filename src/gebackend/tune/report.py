@@ -4,7 +4,8 @@ Every candidate is a row, whatever became of it: its config in words, throughput
 refining rounds where it was a finalist, else its screening window), the spread of the rounds, its cosine to
 fp32, its status ("winner", "ok", "rejected: cosine X < Y", "pruned: ...", "over budget: ...", "skipped: time
 budget", "failed: ..."), and its throughput over the baseline's (your config) and over the onnxruntime backend's
-where measured. The report names the CPU (gebackend.bench.runner.machine()).
+where measured. The report names the CPU (gebackend.bench.runner.machine()). Where the onnxruntime backend served more
+than the winner in the same rounds, the report says so first, and what the measurements say of why (`peer_verdict`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,11 @@ from typing import Mapping, Sequence
 
 from gebackend.tune.outcome import Outcome
 from gebackend.tune.search import Search
+
+
+#: In-process time of one request under which a Python backend's own per-request transport (Triton -> backend stub ->
+#: Triton, 0.14-0.21 ms on the 2-vCPU machines bench/toll.py measured) weighs as much as what a faster graph wins.
+TOLL_WEIGHS_MS = 2.0
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:
@@ -34,11 +40,52 @@ def row(o: Outcome, baseline: Outcome | None, peer: Outcome | None) -> dict:
     }
 
 
+def peer_verdict(search: Search) -> str | None:
+    """What the report says where Triton's onnxruntime backend served more than the winner in the same rounds: by how
+    much, and what was measured that explains it (a model small enough for the Python backend's transport to weigh,
+    faster precisions rejected by the accuracy guard, candidates left unmeasured). None where it did not."""
+    peer, winner = search.reference("peer"), search.winner
+    if peer is None or winner is None or not peer.throughput or not winner.throughput:
+        return None
+    if peer.throughput <= winner.throughput:
+        return None
+    spread = lambda o: "" if o.spread is None else f"{o.spread * 100:.0f} %"  # noqa: E731
+    lines = [f"Triton's onnxruntime backend served {peer.throughput / winner.throughput:.2f}x the winner in the same "
+             f"rounds (medians of {len(winner.rounds) or 1}; spread of the rounds: the backend "
+             f"{spread(peer) or '–'}, the winner {spread(winner) or '–'}): no ge config measured here beats it for "
+             f"this model on this CPU at this concurrency."]
+    minimum = search.settings.min_cosine
+    accepted = {key: c for key, c in search.checks.items() if c.run_ms is not None and c.cosine >= minimum}
+    if accepted:
+        (engine, rung), fastest = min(accepted.items(), key=lambda item: item[1].run_ms)  # (engine, rung name)
+        if fastest.run_ms <= TOLL_WEIGHS_MS:
+            lines.append(f"One request computes in {fastest.run_ms:.2f} ms in process ({engine} {rung}, the "
+                         f"fastest accepted precision): at that size a Python backend's own transport of each request "
+                         f"(Triton -> backend stub -> Triton, 0.14-0.21 ms on the 2-vCPU machines measured: "
+                         f"docs/tuning.md, *The toll of a Python backend*) weighs as much as a faster graph wins, and "
+                         f"Triton's C++ backend does not pay it. Serving this model on the onnxruntime backend is the "
+                         f"faster choice here.")
+    own = search.checks.get(winner.candidate.numerics)
+    faster = sorted((c.run_ms, engine, rung, c.cosine) for (engine, rung), c in search.checks.items()
+                    if c.cosine < minimum and c.run_ms is not None and own is not None and own.run_ms is not None
+                    and c.run_ms < own.run_ms)
+    if faster:
+        lines.append("Faster in process than the winner's precision but under --min-cosine " f"{minimum}, so not served: "
+                     + ", ".join(f"{e} {r} ({t:.2f} ms, cosine {cos:.6f})" for t, e, r, cos in faster)
+                     + "; a lower --min-cosine measures them where that accuracy suits you.")
+    skipped = sum(o.status.startswith("skipped") for o in search.outcomes)
+    if skipped:
+        lines.append(f"{skipped} candidate(s) were not measured within the time budget: a longer --time-budget-min"
+                     + (" (or a tune without --quick)" if search.settings.quick else "") + " measures them.")
+    return " ".join(lines)
+
+
 def summary(search: Search, meta: Mapping, reasons: Mapping[str, str], config_text: str | None) -> dict:
     baseline, peer = search.reference("baseline"), search.reference("peer")
     return {
         "meta": dict(meta, notes=list(search.notes), interrupted=search.interrupted),
         "winner": search.winner.candidate.key if search.winner else None,
+        "peer_verdict": peer_verdict(search),
         "reasons": dict(reasons),
         "references": [row(o, baseline, peer) for o in search.references],
         "candidates": [row(o, baseline, peer) for o in search.outcomes],
@@ -69,6 +116,8 @@ def markdown(data: Mapping) -> str:
                    if winner.get("x_onnxruntime_backend") else "") + ".", ""]
         if winner["x_baseline"] is not None and winner["x_baseline"] < 1:
             out += ["Your config measured faster than every candidate: keep it (`--apply` leaves it).", ""]
+        if data.get("peer_verdict"):
+            out += [data["peer_verdict"], ""]
         out += ["Why each choice (the winner over the best candidate measured with the other value):", ""]
         out += [f"- {dim}: {text}" for dim, text in data.get("reasons", {}).items()]
         out.append("")

@@ -80,6 +80,7 @@ class Search:
         self.interrupted = False
         self.out_of_time = False  # a candidate was skipped for time: the later ones are too, said once
         self.notes: list[str] = []
+        self.checks: dict[tuple, Check] = {}  # (engine, rung name) -> what the accuracy guard found (cosine, in-process time)
         self.steps = len(self.references) + len(self.outcomes)
         self.step = 0
 
@@ -130,7 +131,8 @@ class Search:
             outcome.cosine = value.cosine
             if value.cosine < self.settings.min_cosine:
                 outcome.status = f"rejected: cosine {value.cosine:.6f} < {self.settings.min_cosine}"
-        self._order_by_speed({k: v for k, v in checked.items() if isinstance(v, Check)})
+        self.checks = {k: v for k, v in checked.items() if isinstance(v, Check)}
+        self._order_by_speed(self.checks)
 
     def _order_by_speed(self, checks: dict) -> None:
         """Screen the fastest numerics first and never serve those under half its speed (numerics_order.py)."""
