@@ -110,17 +110,41 @@ def test_quick_set_moves_to_the_best_usable_guess():
     neighbours = [c for c in moved[1:] if c.numerics == lowered]
     assert len(neighbours) == 3 and all(
         sum(v != moved[0].choices()[d] for d, v in c.choices().items()) == 1 for c in neighbours)
-    # other rungs at the guess's other values: the 2 fastest usable ones (6 served in all), and the unusable exact one
-    # (never served; the report says why)
+    # other rungs at the guess's other values: the fastest usable one, the last place kept for the exact precision
+    # (OpenVINO's: ONNX Runtime's is not usable; 6 served in all), and the unusable exact one (never served; the
+    # report says why)
     others = [c for c in moved if c.numerics != lowered]
     assert all(c.choices()["instances"] == moved[0].choices()["instances"] for c in others)
     assert ("onnxruntime", "origin") in rungs(others)
     usable = sorted((c for c in pool if c.numerics not in (lowered, ("onnxruntime", "origin"))
                      and c.choices()["graph"] == "static" and c.ranks[1:] == moved[0].ranks[1:]),
                     key=lambda c: c.ranks)
-    assert [c.key for c in others if c.numerics != ("onnxruntime", "origin")] == [c.key for c in usable[:2]]
+    exact = next(c for c in usable if c.rung.name == "origin")
+    assert usable[0] is not exact and usable[1] is not exact  # by speed alone it would not have been served
+    assert [c.key for c in others if c.numerics != ("onnxruntime", "origin")] == [usable[0].key, exact.key]
     assert len({c.key for c in moved}) == len(moved) == 7
     assert space.quick_set([]) == []
+
+
+def test_a_quick_tune_around_a_lowered_guess_serves_the_exact_precision_too():
+    """The exact rung, timed slowest in process, still has the last served place beside a lowered guess (the report
+    then says what the exact graph serves); it takes no extra place when it is the guess or came first anyway."""
+    pool = space.space(2, ("onnxruntime",), (), 8, 2)
+    slowest_first = {("onnxruntime", "int8"): 0, ("onnxruntime", "int8-static"): 1, ("onnxruntime", "origin"): 2}
+    reranked = [replace(c, ranks=(slowest_first[c.numerics],) + c.ranks[1:]) for c in pool]
+    served = space.quick_set(reranked)
+    assert served[0].numerics == ("onnxruntime", "int8") and len(served) == space.QUICK_SERVED
+    assert [c.numerics for c in served[1:] if c.numerics != served[0].numerics] == [
+        ("onnxruntime", "int8-static"), ("onnxruntime", "origin")]
+    anchored = space.quick_set(pool)  # the exact guess: the others by speed, no place kept
+    assert anchored[0].rung.name == "origin" and len(anchored) == space.QUICK_SERVED
+    # with more lowered rungs than places, the exact one still comes last, in place of the slowest lowered one
+    table = (*space.PRECISIONS, space.PrecisionRung("int4", "int4", ("onnxruntime",), prior=2))
+    wider = space.space(2, ("onnxruntime",), (), 8, 2, table=table)
+    order = {("onnxruntime", "int8"): 0, ("onnxruntime", "int8-static"): 1, ("onnxruntime", "int4"): 2,
+             ("onnxruntime", "origin"): 3}
+    picked = space.quick_set([replace(c, ranks=(order[c.numerics],) + c.ranks[1:]) for c in wider])
+    assert [c.numerics[1] for c in picked if c.numerics != picked[0].numerics] == ["int8-static", "origin"]
 
 
 def test_a_new_precision_rung_is_one_line_in_the_table():

@@ -266,7 +266,8 @@ def quick_set(candidates: Sequence[Candidate], usable: Callable[[Candidate], boo
     """What a quick tune screens: the usable candidate of the fewest rank steps (the best guess; once the accuracy
     guard has timed the precisions, one with the fastest), the next value of each other dimension from it, then the
     other engines and precisions at its other values, fastest (or likeliest) first, `QUICK_SERVED` usable ones in
-    all; the unusable ones (rejected, pruned) once each too, which are never served but reported so. Candidates
+    all, the last of them the exact precision's where the guess is lowered and no faster exact one came first; the
+    unusable ones (rejected, pruned) once each too, which are never served but reported so. Candidates
     without ranks (references) are not chosen."""
     ranked = [cand for cand in candidates if cand.ranks]
     pool = [cand for cand in ranked if usable(cand)] or ranked
@@ -286,14 +287,23 @@ def quick_set(candidates: Sequence[Candidate], usable: Callable[[Candidate], boo
         if later:
             out.append(min(later, key=lambda cand: cand.ranks[index]))
     served = len(out)
-    for cand in sorted((c for c in ranked if c.numerics != anchor.numerics and one_change(c, "numerics")),
-                       key=lambda c: c.ranks):
+    others = sorted((c for c in ranked if c.numerics != anchor.numerics and one_change(c, "numerics")),
+                    key=lambda c: c.ranks)
+    exact_wanted = not _exact(anchor) and any(_exact(c) and usable(c) for c in others)
+    for cand in others:
         if not usable(cand):
             out.append(cand)
-        elif served < QUICK_SERVED:
+        elif served < QUICK_SERVED - (exact_wanted and not _exact(cand)):
             out.append(cand)
             served += 1
+            exact_wanted = exact_wanted and not _exact(cand)
     return out
+
+
+def _exact(cand: Candidate) -> bool:
+    """Runs the model in its own precision: the rung a lowered guess is weighed against (it keeps a quick tune's last
+    served place, so the report always says what the exact graph serves beside the lowered winner)."""
+    return cand.rung.name == PRECISIONS[0].name
 
 
 def accuracy_groups(candidates: Sequence[Candidate]) -> list[tuple[str, PrecisionRung]]:
