@@ -50,16 +50,24 @@ def build_mlp(seed: int = 0) -> onnx.ModelProto:
     return model
 
 
+def quick_tune(model_dir: Path, out: Path, *extra: str) -> subprocess.CompletedProcess:
+    """`gebackend tune MODEL_DIR --quick` through the real CLI, 3 minutes at concurrency 2, only exact rungs accepted
+    (0.9999999: the winner can be compared with the ONNX file; on a CPU with VNNI the lowered rungs are measured first
+    and would win); it must succeed."""
+    cmd = [sys.executable, "-m", "gebackend.cli.main", "tune", str(model_dir), "--quick", "--time-budget-min", "3",
+           "--concurrency", "2", *extra, "--min-cosine", "0.9999999", "--out", str(out)]
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=420)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    return done
+
+
 def test_tune_quick_finds_a_winner_that_serves_right_and_rejects_int8(tmp_path):
     model_dir = tmp_path / "repo" / "mlp"
     (model_dir / "1").mkdir(parents=True)
     onnx.save(build_mlp(), str(model_dir / "1" / "model.onnx"))
     (model_dir / "config.pbtxt").write_text(CONFIG)
     out = tmp_path / "tune"
-    cmd = [sys.executable, "-m", "gebackend.cli.main", "tune", str(model_dir), "--quick", "--time-budget-min", "3",
-           "--concurrency", "2", "--min-cosine", "0.9999999", "--out", str(out)]
-    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=420)
-    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    done = quick_tune(model_dir, out)
     assert done.stdout.strip() == str(out / "report.md")
     data = json.loads((out / "report.json").read_text())
 
@@ -124,12 +132,7 @@ def test_tune_with_padded_requests_cuts_them_in_every_candidate_and_the_winner(t
     requests = tmp_path / "requests.json"
     requests.write_text(json.dumps({"data": [{"text": {"content": r, "shape": [52]}} for r in rows]}))
     out = tmp_path / "tune"
-    # only exact rungs pass 0.9999999, so the winner can be compared with the ONNX file at full length below (on a CPU
-    # with VNNI the lowered rungs are measured first and would win)
-    cmd = [sys.executable, "-m", "gebackend.cli.main", "tune", str(model_dir), "--quick", "--time-budget-min", "3",
-           "--concurrency", "2", "--input-data", str(requests), "--min-cosine", "0.9999999", "--out", str(out)]
-    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=420)
-    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    done = quick_tune(model_dir, out, "--input-data", str(requests))  # the winner compared at full length below
     assert ("tune: your requests' 'text' ends in padding (the longest uses 20 of its 52 positions): every candidate "
             "cuts each batch to its longest request (trim_padding=text, checked at load); static candidates, whose "
             "batch buckets keep the full length, are measured last") in done.stderr
