@@ -165,3 +165,55 @@ def test_tune_with_padded_requests_cuts_them_in_every_candidate_and_the_winner(t
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
     if parsed["parameters"]["static_model"]["string_value"] == "0":
         assert "trim_padding: 'text' cut after its last token other than 0" in log
+
+
+def test_tune_of_a_model_with_a_sequence_dim_compiles_the_requests_length_and_serves_any_length(tmp_path):
+    """A BERT whose input_ids and attention_mask are [batch, sequence]: with --input-data of one length, the static
+    candidates compile their buckets at that length and are measured; served, the static config answers that length
+    from its buckets and any other from the dynamic graph (bucket_fallback=dynamic), as the ONNX file does."""
+    from gebackend.modelzoo import build_bert
+
+    model_dir = tmp_path / "repo" / "bert"
+    (model_dir / "1").mkdir(parents=True)
+    onnx.save(build_bert(), str(model_dir / "1" / "model.onnx"))
+    (model_dir / "config.pbtxt").write_text('name: "bert"\nbackend: "ge"\nmax_batch_size: 8\n')
+    rng = np.random.default_rng(3)
+    requests = tmp_path / "requests.json"
+    requests.write_text(json.dumps({"data": [
+        {"input_ids": {"content": rng.integers(1, 1000, 12).tolist(), "shape": [12]},
+         "attention_mask": {"content": [1] * 12, "shape": [12]}} for _ in range(3)]}))
+    out = tmp_path / "tune"
+    done = quick_tune(model_dir, out, "--input-data", str(requests))
+    assert ("tune: static candidates compile the variable dims at the dims every request sends, input_ids [12]; "
+            "attention_mask [12]: those of your requests (--input-data); a request of other dims runs on the dynamic "
+            "graph beside them (bucket_fallback=dynamic)") in done.stderr
+    data = json.loads((out / "report.json").read_text())
+    static = [c for c in data["candidates"] if c["choices"]["graph"] == "static" and c["throughput"]]
+    assert static, [(c["key"], c["status"]) for c in data["candidates"]]
+    config = out / "repos" / static[0]["key"] / "bert" / "config.pbtxt"  # the config that was measured
+    parameters = {k: v["string_value"] for k, v in load_model_config(config)["parameters"].items()}
+    assert parameters["graph.ge.inputShape"] == "input_ids:-1,12;attention_mask:-1,12"
+    assert parameters["bucket_fallback"] == "dynamic" and parameters["static_model"] == "1"
+
+    serve_repo = tmp_path / "serve"
+    (serve_repo / "bert" / "1").mkdir(parents=True)
+    shutil.copy(model_dir / "1" / "model.onnx", serve_repo / "bert" / "1" / "model.onnx")
+    shutil.copy(config, serve_repo / "bert" / "config.pbtxt")
+    reference = ort.InferenceSession(str(model_dir / "1" / "model.onnx"))
+    server = start_server(serve_repo, tmp_path / "serve.log")
+    try:
+        client = httpclient.InferenceServerClient(server.http_url)
+        for rows, length in ((1, 12), (2, 7)):  # a bucket's length, and one no bucket has
+            feeds = {"input_ids": rng.integers(1, 1000, (rows, length)).astype(np.int64),
+                     "attention_mask": np.ones((rows, length), np.int64)}
+            tensors = []
+            for name, value in feeds.items():
+                tensors.append(httpclient.InferInput(name, list(value.shape), "INT64"))
+                tensors[-1].set_data_from_numpy(value)
+            got = client.infer("bert", tensors).as_numpy("pooler_output")
+            expected = reference.run(["pooler_output"], feeds)[0]
+            np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5, err_msg=f"{rows} x {length}")
+        log = server.output()
+    finally:
+        server.stop()
+    assert "static graph, buckets [" in log and "fallback=dynamic" in log

@@ -55,7 +55,8 @@ def add_parser(subparsers) -> None:
                         "model is also measured on Triton's onnxruntime backend ('x onnxruntime backend' column)")
     p.add_argument("--input-data", type=Path, metavar="FILE",
                    help="perf_analyzer --input-data JSON of your own requests, sent to every candidate and the peer "
-                        "(default: one seeded random request); padded token ids make every candidate trim_padding")
+                        "(default: one seeded random request); padded token ids make every candidate trim_padding; "
+                        "the one shape they send to an input's variable dim is what static candidates compile")
     p.add_argument("--quick", action="store_true",
                    help="4-6 candidates around the fastest precision (each timed in process first), short windows")
     p.set_defaults(func=run)

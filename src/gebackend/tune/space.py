@@ -19,7 +19,7 @@ the exact one, in the order `favoured` gives, so the usual best guess there is t
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
@@ -117,6 +117,9 @@ class TunedModel:
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
     static_problem: str = ""  # why static candidates are left out ("" = they are not)
+    # inputs with a variable dim -> the non-batch dims requests send them (VARIABLE_DIM unless --input-data says):
+    # static candidates compile their buckets at these, and run other shapes on the dynamic graph (bucket_fallback)
+    sent_dims: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
 
     @classmethod
     def load(cls, model_dir: Path) -> "TunedModel":
@@ -136,23 +139,59 @@ class TunedModel:
         rec = reconcile(name, config, read_signature(onnx_path), DEFAULT_MAX_BATCH_SIZE, fill=True)
         problem = ""
         for t in rec.inputs:
-            if not t.dims or -1 in t.dims:
-                problem = f"input {t.name} has {'no fixed dims' if not t.dims else 'a variable dim'} (dims {list(t.dims)})"
+            if not t.dims or (-1 in t.dims and rec.max_batch_size <= 0):
+                problem = (f"input {t.name} has no fixed dims (dims {list(t.dims)})" if not t.dims else
+                           f"input {t.name} has a variable dim (dims {list(t.dims)}) and the model does not batch")
                 break
+        variable = {t.name: tuple(VARIABLE_DIM if d == -1 else d for d in t.dims) for t in rec.inputs if -1 in t.dims}
         return cls(model_dir, name, config, config_path.read_text(), onnx_path,
-                   config.get("backend") or config.get("platform", ""), rec.max_batch_size, rec.inputs, rec.outputs, problem)
+                   config.get("backend") or config.get("platform", ""), rec.max_batch_size, rec.inputs, rec.outputs,
+                   problem, {} if problem else variable)
+
+    def with_requests(self, entries: Sequence[Mapping]) -> "TunedModel":
+        """The model measured with the user's requests (perf_analyzer --input-data entries): the static candidates'
+        buckets compile the dims the requests send to each input with a variable dim, when every request sends the
+        same; otherwise static candidates are left out, saying why."""
+        sent = {}
+        for name, dims in self.sent_dims.items():
+            shapes = {_shape(entry.get(name)) for entry in entries}
+            if None in shapes or any(len(shape) != len(dims) for shape in shapes):
+                return replace(self, sent_dims={}, static_problem=(
+                    f"the shape your requests send to input {name} (a variable dim) cannot be read from --input-data: "
+                    f"give each request's {name} a \"shape\" of {len(dims)} dims"))
+            if len(shapes) > 1:
+                return replace(self, sent_dims={}, static_problem=(
+                    f"your requests send input {name} (a variable dim) in {len(shapes)} shapes "
+                    f"({', '.join(str(list(s)) for s in sorted(shapes)[:4])}{', ...' if len(shapes) > 4 else ''}): "
+                    f"a static candidate compiles the one shape requests send; the dynamic graph takes them all"))
+            sent[name] = shapes.pop()
+        return replace(self, sent_dims=sent)
 
     def request_dims(self, tensor: TensorSpec) -> tuple[int, ...]:
-        """One request's shape of an input, batch dim included when the model batches (variable dims: VARIABLE_DIM)."""
-        dims = tuple(VARIABLE_DIM if d == -1 else d for d in tensor.dims)
-        return ((1,) if self.max_batch_size > 0 else ()) + dims
+        """One request's shape of an input, batch dim included when the model batches (variable dims: the dims the
+        requests send, `sent_dims`; VARIABLE_DIM where not known)."""
+        return ((1,) if self.max_batch_size > 0 else ()) + self._dims(tensor)
+
+    def _dims(self, tensor: TensorSpec) -> tuple[int, ...]:
+        return self.sent_dims.get(tensor.name) or tuple(VARIABLE_DIM if d == -1 else d for d in tensor.dims)
 
     def bench_model(self) -> BenchModel:
-        """The model as the bench's repository writer takes it (the ONNX file already exists: no export)."""
-        inputs = tuple(BenchInput(t.name, t.dtype.numpy.name, tuple(VARIABLE_DIM if d == -1 else d for d in t.dims))
-                       for t in self.inputs)
+        """The model as the bench's repository writer takes it (the ONNX file already exists: no export); an input's
+        variable dims are the ones its requests send, which is what static candidates' buckets compile."""
+        inputs = tuple(BenchInput(t.name, t.dtype.numpy.name, self._dims(t)) for t in self.inputs)
         return BenchModel(self.name, f"{self.dir}", inputs, export=lambda path: None,
                           max_batch_size=self.max_batch_size)
+
+
+def _shape(tensor) -> tuple[int, ...] | None:
+    """One request's tensor shape in perf_analyzer's --input-data (batch dim dropped): its "shape", else the length of a
+    flat list of values; None when neither is there."""
+    if isinstance(tensor, dict) and isinstance(tensor.get("shape"), list):
+        dims = tensor["shape"]
+        return tuple(dims) if all(isinstance(d, int) and not isinstance(d, bool) for d in dims) else None
+    if isinstance(tensor, list) and not any(isinstance(v, (list, dict)) for v in tensor):
+        return (len(tensor),)
+    return None
 
 
 def buckets_for(max_batch_size: int) -> tuple[int, ...]:

@@ -143,6 +143,15 @@ def trims(model: space.TunedModel, input_data: Path | None) -> str:
             f"candidates, whose batch buckets keep the full length, are measured last")
 
 
+def sent_dims(model: space.TunedModel, input_data: Path | None) -> str:
+    """What static candidates compile where inputs have variable dims, and what happens to requests of other dims."""
+    dims = "; ".join(f"{name} {list(d)}" for name, d in model.sent_dims.items())
+    source = "your requests (--input-data)" if input_data is not None else \
+        "the seeded random requests (--input-data with your own requests compiles theirs)"
+    return (f"static candidates compile the variable dims at the dims every request sends, {dims}: those of "
+            f"{source}; a request of other dims runs on the dynamic graph beside them (bucket_fallback=dynamic)")
+
+
 def references(model: space.TunedModel, peer_found, cores: int) -> list[space.Candidate]:
     base = space.baseline(model, cores)
     if model.backend not in GE_BACKENDS and peer_found is None:
@@ -175,7 +184,7 @@ def run(settings: TuneSettings, progress: Callable[[str], None] = _stderr) -> tu
     if settings.input_data is not None:  # read once here: a file perf_analyzer cannot use fails before any server
         from gebackend.tune import requests
 
-        requests.read(settings.input_data)
+        model = model.with_requests(requests.read(settings.input_data))
         settings = replace(settings, input_data=Path(settings.input_data).resolve())
     slow, favoured = slow_rungs(model), favoured_rungs(model)
     trim = trims(model, settings.input_data)
@@ -189,6 +198,8 @@ def run(settings: TuneSettings, progress: Callable[[str], None] = _stderr) -> tu
     progress(f"tune: {model.name}: {count} on {machine()}; writing to {out}")
     if model.static_problem:
         progress(f"tune: no static candidates: {model.static_problem}")
+    elif model.sent_dims:
+        progress(f"tune: {sent_dims(model, settings.input_data)}")
     if trim:
         progress(f"tune: {trim}")
     for engine, rung in sorted({(c.scenario.engine, c.rung) for c in candidates if slow(c.scenario.engine, c.rung)},
@@ -227,6 +238,7 @@ def run(settings: TuneSettings, progress: Callable[[str], None] = _stderr) -> tu
             "screen": _window(measurer.phases["screen"]), "refine": _window(measurer.phases["refine"]),
             "peer": peer_mod.describe(found, None if found else "not asked (--peer-backend-dir)"),
             "static_problem": model.static_problem,
+            "static_dims": sent_dims(model, settings.input_data) if model.sent_dims else "",
             "input_data": str(settings.input_data) if settings.input_data else "seeded random requests",
             "trim_padding": trim}
     data = report.summary(done, meta, reasons, text)
