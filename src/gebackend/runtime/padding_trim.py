@@ -26,11 +26,9 @@ import numpy as np
 from gebackend.config.spec import ModelSpec
 from gebackend.config.trim_padding import trimmed_inputs
 from gebackend.errors import GeBackendError
+from gebackend.runtime.same_answer import exact_disagreement, fp32_disagreement
 
 Tensors = Mapping[str, np.ndarray]
-# outputs equal within this, relative to the output's largest value: what float summation order moves
-_RTOL = 1e-4
-_COSINE_SLACK = 1e-4  # a lowered model: how much closer to fp32 the full-length answer may be than the cut one
 
 
 @dataclass(frozen=True)
@@ -123,7 +121,7 @@ def check(run: Callable[[Tensors], dict], plan: TrimPlan, full_shapes: Mapping[s
 
     A lowered model (int8, fp16: `reference` is the fp32 file it came from) is not exact at either length, and its
     dynamic int8 scales activations by their range, padding included: there, cut must be as close to the fp32 model's
-    full-length answer as whole is (cosine within `_COSINE_SLACK`).
+    full-length answer as whole is (runtime/same_answer.py).
 
     Rows are real for a quarter or three eighths of the length, the rest pad ids (zeros in the other cut inputs); the
     real part, and the other inputs, are `compile/accuracy.random_feeds`' seeded values (ones in a mask).
@@ -157,29 +155,8 @@ def check(run: Callable[[Tensors], dict], plan: TrimPlan, full_shapes: Mapping[s
             return (f"output '{name}' has shape {list(got.shape)} cut and {list(expected.shape)} whole (it keeps the "
                     f"sequence axis)")
     if reference is not None:
-        return _as_close_to_fp32(reference, feeds, whole, cut)
-    from gebackend.compile.accuracy import compare
-
-    for name, expected in whole.items():
-        moved = compare(name, expected, cut[name])
-        scale = max(moved.reference_max_abs, 1e-6)
-        if not moved.max_abs_diff <= _RTOL * scale:
-            return (f"output '{name}' moves by {moved.max_abs_diff:.3g} (its largest value {scale:.3g}) when the "
-                    f"padding is cut: the model does not ignore its padding")
-    return None
-
-
-def _as_close_to_fp32(reference: Path, feeds: Tensors, whole: Mapping[str, np.ndarray],
-                      cut: Mapping[str, np.ndarray]) -> str | None:
-    from gebackend.compile.accuracy import compare, reference_outputs
-
-    fp32 = reference_outputs(reference, feeds)
-    for name, expected in whole.items():
-        at_full, when_cut = compare(name, fp32[name], expected).cosine, compare(name, fp32[name], cut[name]).cosine
-        if not when_cut >= at_full - _COSINE_SLACK:
-            return (f"output '{name}': cut, the lowered model's cosine to fp32 falls from {at_full:.6f} to "
-                    f"{when_cut:.6f}: the model does not ignore its padding")
-    return None
+        return fp32_disagreement(reference, feeds, whole, cut, "cut")
+    return exact_disagreement(whole, cut, "when the padding is cut")
 
 
 def full_shapes(spec: ModelSpec, plan: TrimPlan) -> dict[str, tuple[int, ...]]:
