@@ -38,12 +38,14 @@ def load_executor(
     original = spec.path
     if mode != "origin" and not engine_kind.lowers(mode) and not getattr(providers, "lowers_precision", False):
         spec, precision = _lower(spec, engine_kind, log)
+    # the fp32 file a lowered model's answers are compared through (trim_padding's and the bucket padding's checks)
+    fp32 = original if spec.options.engines.precision_mode != "origin" else None
     if spec.options.static.trim_padding is None:
-        executor, how = _build(spec, providers, log)
+        executor, how = _build(spec, providers, log, fp32)
         return executor, f"{precision}{how}"
     from gebackend.runtime.padding_trim import build_trimmed
 
-    executor, how = build_trimmed(spec, lambda loosened: _build(loosened, providers, log), log,
+    executor, how = build_trimmed(spec, lambda loosened: _build(loosened, providers, log, fp32), log,
                                   reference=original if spec.path != original else None)
     return executor, f"{precision}{how}"
 
@@ -98,13 +100,14 @@ def _fp32(spec: ModelSpec, log: Callable[[str], None], why: str) -> tuple[ModelS
         f"precision origin ({mode} refused by the accuracy guard), "
 
 
-def _build(spec: ModelSpec, providers: Sequence, log: Callable[[str], None]) -> tuple[Executor, str]:
+def _build(spec: ModelSpec, providers: Sequence, log: Callable[[str], None],
+           fp32: Path | None = None) -> tuple[Executor, str]:
     output_names = [t.name for t in spec.outputs]
     if not spec.static:
         engine = create_engine(spec, providers)
         return Executor(spec, DynamicRunner(spec.name, engine, output_names)), f"dynamic graph, {engine.describe()}"
     try:
-        return _static_executor(spec, providers, log, output_names)
+        return _static_executor(spec, providers, log, output_names, fp32)
     except GeBackendError:
         raise
     except Exception as exc:  # noqa: BLE001 - never a dependency's traceback as the reason a load failed
@@ -116,7 +119,8 @@ def _build(spec: ModelSpec, providers: Sequence, log: Callable[[str], None]) -> 
         ) from None
 
 
-def _static_executor(spec: ModelSpec, providers: Sequence, log: Callable[[str], None], output_names) -> tuple[Executor, str]:
+def _static_executor(spec: ModelSpec, providers: Sequence, log: Callable[[str], None], output_names,
+                     fp32: Path | None = None) -> tuple[Executor, str]:
     engine, timable = _static_engine(spec, providers, log)
     static = spec.options.static
     fallback = create_engine(spec, providers) if static.bucket_fallback == "dynamic" else None
@@ -133,15 +137,14 @@ def _static_executor(spec: ModelSpec, providers: Sequence, log: Callable[[str], 
             log(f"bucket costs: waited {wait.seconds:.1f}s for other instances to finish loading or timing")
         if measured is not None:
             costs, dynamic_costs = measured
-    router = BucketRouter(
-        spec.static_shapes,
-        spec.batching,
-        {t.name: t.labels for t in spec.inputs},
-        {t.name: t.labels for t in spec.outputs},
-        static.bucket_paddable_dims,
-        costs,
-        dynamic_costs,
-    )
+    def router_padding(paddable: Sequence[str]) -> BucketRouter:
+        return BucketRouter(spec.static_shapes, spec.batching, {t.name: t.labels for t in spec.inputs},
+                            {t.name: t.labels for t in spec.outputs}, paddable, costs, dynamic_costs)
+
+    router = router_padding(static.bucket_paddable_dims)
+    if static.bucket_paddable_dims:
+        router = _checked_padding(spec, providers, log, output_names, engine, router, router_padding,
+                                  fallback if fallback is not None else candidate, fp32)
     if costs is not None:
         log(bucket_costs.describe(spec, costs, dynamic_costs, router.dynamic_rows))
     dynamic = candidate if router.dynamic_rows else None
@@ -152,6 +155,22 @@ def _static_executor(spec: ModelSpec, providers: Sequence, log: Callable[[str], 
     how = (f"static graph, buckets [{' | '.join(router.describe())}], fallback={static.bucket_fallback}, "
            + (f"batch sizes {on_dynamic} on the dynamic graph, " if on_dynamic else "") + engine.describe())
     return Executor(spec, runner), how
+
+
+def _checked_padding(spec: ModelSpec, providers: Sequence, log: Callable[[str], None], output_names, engine, router,
+                     rebuild, dynamic, fp32: Path | None) -> BucketRouter:
+    """The router padding the paddable dims once runtime/padding_check.py found the answers unmoved by it; the dynamic
+    graph it compares with is the instance's own (`dynamic`) or, without one, a session made for the check only."""
+    from gebackend.runtime.padding_check import checked_router
+
+    reference = dynamic if dynamic is not None else create_engine(spec, providers)
+    try:
+        return checked_router(
+            spec, router, lambda bucket, feeds: dict(zip(output_names, engine.run_bucket(bucket, feeds, output_names))),
+            lambda feeds: dict(zip(output_names, reference.run(feeds, output_names))), rebuild, log, fp32)
+    finally:
+        if reference is not dynamic:
+            reference.close()
 
 
 def _static_engine(spec: ModelSpec, providers: Sequence, log: Callable[[str], None]):
