@@ -60,7 +60,7 @@ def test_openvino_without_vnni_keeps_matmul_models_exact(tmp_path):
 def test_the_slow_int8_rule_is_one_rule_for_auto_and_tune(tmp_path):
     """`openvino_int8_slow` says why NNCF's int8 is expected to lose (a MatMul model, AVX2 without VNNI), or ""; tune
     reads the same rule for its order (tune.tuner.slow_rungs)."""
-    from gebackend.tune import space as tune_space
+    from gebackend.tune import space as tune_space, tuned_model
     from gebackend.tune.tuner import slow_rungs
 
     resnet, bert = tmp_path / "resnet.onnx", tmp_path / "bert.onnx"
@@ -74,11 +74,11 @@ def test_the_slow_int8_rule_is_one_rule_for_auto_and_tune(tmp_path):
     (folder / "1").mkdir(parents=True)
     (folder / "config.pbtxt").write_text('name: "bert"\nbackend: "ge"\nmax_batch_size: 4\n')
     onnx.save(build_bert(), str(folder / "1" / "model.onnx"))
-    slow = slow_rungs(tune_space.TunedModel.load(folder), AVX2)
+    slow = slow_rungs(tuned_model.TunedModel.load(folder), AVX2)
     by_name = {rung.name: rung for rung in tune_space.PRECISIONS}
     assert slow("openvino", by_name["int8-static"]) == why
     assert slow("onnxruntime", by_name["int8-static"]) == slow("onnxruntime", by_name["int8"]) == ""
-    assert slow("openvino", by_name["origin"]) == "" and slow_rungs(tune_space.TunedModel.load(folder), VNNI)(
+    assert slow("openvino", by_name["origin"]) == "" and slow_rungs(tuned_model.TunedModel.load(folder), VNNI)(
         "openvino", by_name["int8-static"]) == ""
 
 
@@ -86,7 +86,7 @@ def test_tune_measures_first_what_this_cpu_runs_natively(tmp_path):
     """tune.tuner.favoured_rungs: int8 with VNNI (NNCF's static int8 first; ONNX Runtime's dynamic int8 only for a
     MatMul model), then bf16 where OpenVINO reports BF16; on an AVX2-only CPU NNCF's static int8 of a convolution
     model only; without AVX2 nothing."""
-    from gebackend.tune import space as tune_space
+    from gebackend.tune import space as tune_space, tuned_model
     from gebackend.tune.tuner import favoured_rungs
 
     by_name = {rung.name: rung for rung in tune_space.PRECISIONS}
@@ -96,7 +96,7 @@ def test_tune_measures_first_what_this_cpu_runs_natively(tmp_path):
         (folder / "1").mkdir(parents=True)
         (folder / "config.pbtxt").write_text(f'name: "{name}"\nbackend: "ge"\nmax_batch_size: 4\n')
         onnx.save(build(), str(folder / "1" / "model.onnx"))
-        model = tune_space.TunedModel.load(folder)
+        model = tuned_model.TunedModel.load(folder)
         for flags, caps in (("vnni", ("BF16", "FP32", "INT8")), ("avx2", ("FP32", "INT8")), ("sse", ("FP32",))):
             favoured = favoured_rungs(model, {"vnni": VNNI, "avx2": AVX2, "sse": {"sse4_2"}}[flags], caps)
             for engine, rung in (("openvino", "int8-static"), ("onnxruntime", "int8"), ("openvino", "bf16"),

@@ -11,7 +11,7 @@ import onnx
 
 from gebackend.config.pbtxt import load_model_config
 from gebackend.modelzoo import build_add_mul
-from gebackend.tune import config_writer, report, space, tuner
+from gebackend.tune import config_writer, report, space, tuned_model, tuner
 from gebackend.tune.numerics_order import Check
 from gebackend.tune.outcome import Measurement, Outcome
 from gebackend.tune.search import Search, SearchSettings
@@ -46,7 +46,7 @@ def pinned_static_int8() -> space.Candidate:
 
 
 def test_the_written_config_parses_and_round_trips_the_chosen_keys(tmp_path):
-    model = space.TunedModel.load(model_dir(tmp_path))
+    model = tuned_model.TunedModel.load(model_dir(tmp_path))
     text = config_writer.config_text(model, pinned_static_int8(), {"graph": "1.18x the dynamic graph at concurrency 4"})
     (tmp_path / "out").mkdir()
     (tmp_path / "out" / "config.pbtxt").write_text(text)
@@ -69,7 +69,7 @@ def test_the_written_config_parses_and_round_trips_the_chosen_keys(tmp_path):
 
 
 def test_every_chosen_key_has_a_comment_above_it(tmp_path):
-    model = space.TunedModel.load(model_dir(tmp_path))
+    model = tuned_model.TunedModel.load(model_dir(tmp_path))
     reasons = {"graph": "1.18x the dynamic graph at concurrency 4 on this CPU", "numerics": "1.50x onnxruntime origin",
                "instances": "1.10x 1 instance x 2 cores", "delay": "1.02x a 0 us queue delay"}
     lines = config_writer.config_text(model, pinned_static_int8(), reasons).splitlines()
@@ -95,7 +95,7 @@ def test_every_chosen_key_has_a_comment_above_it(tmp_path):
 def test_a_config_for_the_onnxruntime_backend_becomes_a_ge_config(tmp_path):
     config = ('name: "addmul"\nplatform: "onnxruntime_onnx"\nmax_batch_size: 8\n'
               'parameters { key: "intra_op_thread_count" value: { string_value: "4" } }\n')
-    model = space.TunedModel.load(model_dir(tmp_path, config))
+    model = tuned_model.TunedModel.load(model_dir(tmp_path, config))
     cand = space.space(2, ("onnxruntime",), (), model.max_batch_size, 2)[0]
     (tmp_path / "c.pbtxt").write_text(config_writer.config_text(model, cand))
     got = load_model_config(tmp_path / "c.pbtxt")
@@ -107,7 +107,7 @@ def test_a_config_for_the_onnxruntime_backend_becomes_a_ge_config(tmp_path):
 
 
 def test_a_config_without_io_gets_max_batch_size_and_buckets_from_the_onnx_file(tmp_path):
-    model = space.TunedModel.load(model_dir(tmp_path, 'backend: "ge"\n'))
+    model = tuned_model.TunedModel.load(model_dir(tmp_path, 'backend: "ge"\n'))
     assert model.name == "addmul" and model.max_batch_size == 8 and not model.static_problem
     cand = space.space(2, ("onnxruntime",), (), model.max_batch_size, 2)[0]
     (tmp_path / "c.pbtxt").write_text(config_writer.config_text(model, cand))
@@ -224,7 +224,7 @@ def test_apply_keeps_the_old_config_as_orig(tmp_path):
 def test_references_are_your_config_and_the_peer_where_found(tmp_path):
     from gebackend.bench.peer import Peer
 
-    model = space.TunedModel.load(model_dir(tmp_path))
+    model = tuned_model.TunedModel.load(model_dir(tmp_path))
     (base,) = tuner.references(model, None, 2)
     assert base.kind == "baseline" and base.config_text == ORIGINAL
     assert config_writer.config_text(model, base) == ORIGINAL  # measured exactly as written
@@ -232,7 +232,7 @@ def test_references_are_your_config_and_the_peer_where_found(tmp_path):
     assert [c.kind for c in tuner.references(model, found, 2)] == ["baseline", "peer"]
     ort_config = 'name: "addmul"\nbackend: "onnxruntime"\nmax_batch_size: 8\n'
     (tmp_path / "addmul" / "config.pbtxt").write_text(ort_config)
-    ort_model = space.TunedModel.load(tmp_path / "addmul")
+    ort_model = tuned_model.TunedModel.load(tmp_path / "addmul")
     (on_ge,) = tuner.references(ort_model, None, 2)  # no onnxruntime backend here: your config, on ge
     (tmp_path / "b.pbtxt").write_text(on_ge.config_text)
     assert load_model_config(tmp_path / "b.pbtxt")["backend"] == "ge"

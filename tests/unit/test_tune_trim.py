@@ -11,7 +11,7 @@ import pytest
 
 from gebackend.config.pbtxt import load_model_config
 from gebackend.modelzoo.cnclip_standin import build_cnclip_text_standin
-from gebackend.tune import config_writer, requests, space, tuner
+from gebackend.tune import config_writer, requests, space, tuned_model, tuner
 
 from test_tune_config import model_dir
 
@@ -55,19 +55,19 @@ def test_a_file_that_is_not_perf_analyzer_input_data_is_named(tmp_path, text, me
 
 
 def test_tune_trims_only_for_padded_requests_and_a_config_that_does_not_set_it(tmp_path):
-    model = space.TunedModel.load(_folder(tmp_path))
+    model = tuned_model.TunedModel.load(_folder(tmp_path))
     padded = _requests(tmp_path, [_padded(9), _padded(17)])
     why = tuner.trims(model, padded)
     assert "the longest uses 17 of its 52 positions" in why and "trim_padding=text" in why
     assert tuner.trims(model, None) == ""
     assert tuner.trims(model, _requests(tmp_path, [[5] * 52])) == ""
-    own = space.TunedModel.load(_folder(tmp_path / "own", CONFIG + 'parameters { key: "trim_padding" value: { '
+    own = tuned_model.TunedModel.load(_folder(tmp_path / "own", CONFIG + 'parameters { key: "trim_padding" value: { '
                                                            'string_value: "text=0" } }\n'))
     assert tuner.trims(own, padded) == ""  # the user's own option is kept as it is, in every candidate
 
 
 def test_trimming_candidates_put_the_dynamic_graph_first_and_write_the_option(tmp_path):
-    model = space.TunedModel.load(_folder(tmp_path))
+    model = tuned_model.TunedModel.load(_folder(tmp_path))
     plain = space.space(2, ("onnxruntime",), (), 8, 4)
     cut = space.space(2, ("onnxruntime",), (), 8, 4, trim=True)
     assert plain[0].scenario.static and not cut[0].scenario.static

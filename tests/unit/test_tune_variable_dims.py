@@ -12,7 +12,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from gebackend.config.pbtxt import load_model_config
-from gebackend.tune import config_writer, space
+from gebackend.tune import config_writer, space, tuned_model
 
 
 def build_pool(features: int = 8, batch: int | str = "batch") -> onnx.ModelProto:
@@ -36,7 +36,7 @@ def model_dir(tmp_path: Path, config: str = 'name: "pool"\nbackend: "ge"\nmax_ba
     return folder
 
 
-def written(tmp_path: Path, model: space.TunedModel, static: bool) -> dict:
+def written(tmp_path: Path, model: tuned_model.TunedModel, static: bool) -> dict:
     cand = next(c for c in space.space(2, ("onnxruntime",), (), model.max_batch_size, 2, static_ok=not model.static_problem)
                 if c.scenario.static == static)
     path = tmp_path / f"{cand.key}.pbtxt"
@@ -45,16 +45,16 @@ def written(tmp_path: Path, model: space.TunedModel, static: bool) -> dict:
 
 
 def test_a_variable_dim_is_compiled_at_the_seeded_requests_dims_and_other_dims_fall_back(tmp_path):
-    model = space.TunedModel.load(model_dir(tmp_path))
-    assert model.static_problem == "" and model.sent_dims == {"x": (space.VARIABLE_DIM, 8)}
-    assert model.request_dims(model.inputs[0]) == (1, space.VARIABLE_DIM, 8)
+    model = tuned_model.TunedModel.load(model_dir(tmp_path))
+    assert model.static_problem == "" and model.sent_dims == {"x": (tuned_model.VARIABLE_DIM, 8)}
+    assert model.request_dims(model.inputs[0]) == (1, tuned_model.VARIABLE_DIM, 8)
     static = written(tmp_path, model, True)
-    assert static["graph.ge.inputShape"] == f"x:-1,{space.VARIABLE_DIM},8" and static["bucket_fallback"] == "dynamic"
+    assert static["graph.ge.inputShape"] == f"x:-1,{tuned_model.VARIABLE_DIM},8" and static["bucket_fallback"] == "dynamic"
     assert "bucket_fallback" not in written(tmp_path, model, False)
 
 
 def test_the_users_requests_set_the_compiled_dims_when_they_all_agree(tmp_path):
-    model = space.TunedModel.load(model_dir(tmp_path))
+    model = tuned_model.TunedModel.load(model_dir(tmp_path))
     entries = [{"x": {"content": [0.5] * 96, "shape": [12, 8]}}, {"x": {"content": [1.0] * 96, "shape": [12, 8]}}]
     sent = model.with_requests(entries)
     assert sent.static_problem == "" and sent.sent_dims == {"x": (12, 8)}
@@ -63,7 +63,7 @@ def test_the_users_requests_set_the_compiled_dims_when_they_all_agree(tmp_path):
 
 
 def test_requests_of_several_shapes_or_none_readable_leave_static_out(tmp_path):
-    model = space.TunedModel.load(model_dir(tmp_path))
+    model = tuned_model.TunedModel.load(model_dir(tmp_path))
     several = model.with_requests([{"x": {"content": [0.0] * n * 8, "shape": [n, 8]}} for n in (5, 12, 5, 30)])
     assert several.static_problem == ("your requests send input x (a variable dim) in 3 shapes ([5, 8], [12, 8], "
                                       "[30, 8]): a static candidate compiles the one shape requests send; the dynamic "
@@ -78,11 +78,11 @@ def test_requests_of_several_shapes_or_none_readable_leave_static_out(tmp_path):
 
 
 def test_a_fixed_model_compiles_its_own_dims_and_a_variable_one_without_batching_has_no_static(tmp_path):
-    fixed = space.TunedModel.load(model_dir(tmp_path, 'name: "pool"\nbackend: "ge"\nmax_batch_size: 8\n'
+    fixed = tuned_model.TunedModel.load(model_dir(tmp_path, 'name: "pool"\nbackend: "ge"\nmax_batch_size: 8\n'
                                             'input [ { name: "x", data_type: TYPE_FP32, dims: [ 4, 8 ] } ]\n'))
     assert fixed.sent_dims == {} and fixed.static_problem == ""
     assert "bucket_fallback" not in written(tmp_path, fixed, True)
     # a file whose dim 0 is fixed (2) does not batch: no batch buckets to compile the variable dim in
-    unbatched = space.TunedModel.load(model_dir(tmp_path / "u", 'name: "pool"\nbackend: "ge"\n', build_pool(batch=2)))
+    unbatched = tuned_model.TunedModel.load(model_dir(tmp_path / "u", 'name: "pool"\nbackend: "ge"\n', build_pool(batch=2)))
     assert unbatched.max_batch_size == 0 and unbatched.sent_dims == {}
     assert unbatched.static_problem == "input x has a variable dim (dims [2, -1, 8]) and the model does not batch"

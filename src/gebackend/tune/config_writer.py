@@ -16,7 +16,8 @@ from typing import Mapping, Sequence
 from google.protobuf import text_encoding, text_format
 
 from gebackend.bench import scenarios as bench_scenarios
-from gebackend.tune.space import PRECISIONS, Candidate, TunedModel
+from gebackend.tune.space import PRECISIONS, Candidate
+from gebackend.tune.tuned_model import TunedModel
 
 _PRECISION_ALIASES = ("precision_mode", "ge.exec.precision_mode_v2", "ge.exec.precision_mode")
 _CORE_ALIASES = ("cores_per_instance", "ge.aicoreNum")

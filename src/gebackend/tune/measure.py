@@ -23,7 +23,8 @@ from gebackend.bench.runner import Bench, BenchSettings
 from gebackend.tune import config_writer
 from gebackend.tune.numerics_order import Check
 from gebackend.tune.outcome import Measurement, MeasureFailed
-from gebackend.tune.space import Candidate, PrecisionRung, TunedModel, make_candidate
+from gebackend.tune.space import Candidate, PrecisionRung, make_candidate
+from gebackend.tune.tuned_model import TunedModel
 
 # perf_analyzer's own stability loop (3 windows within s%) is loosened to 100 %: on a noisy machine it rarely
 # settles at 20-30 % and retries for tens of seconds; the tuner's noise answer is its interleaved rounds instead.

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from gebackend.tune import config_writer, report, search as search_mod, space
+from gebackend.tune.tuned_model import TunedModel
 
 GE_BACKENDS = ("ge", "npu_ge")
 
@@ -60,7 +61,7 @@ def capabilities(engines: tuple[str, ...]) -> tuple[str, ...]:
         return ()
 
 
-def machine_space(settings: TuneSettings, model: space.TunedModel, slow: space.Slow,
+def machine_space(settings: TuneSettings, model: TunedModel, slow: space.Slow,
                   trim: bool = False, favoured: space.Favoured = lambda engine, rung: None) -> list[space.Candidate]:
     """The candidates for this machine: its cores, installed engines, OpenVINO's capabilities, the bench's features,
     the rungs expected to lose on this CPU (`slow_rungs`), measured last, and those it runs natively
@@ -78,7 +79,7 @@ def machine_space(settings: TuneSettings, model: space.TunedModel, slow: space.S
                        slow=slow, trim=trim, favoured=favoured)
 
 
-def slow_rungs(model: space.TunedModel, cpu_flags: Iterable[str] | None = None) -> space.Slow:
+def slow_rungs(model: TunedModel, cpu_flags: Iterable[str] | None = None) -> space.Slow:
     """Which (engine, rung) pairs are expected to lose on this CPU for `model`, and why (auto_choice's rule)."""
     from gebackend.engines import auto_choice, cpu
 
@@ -91,7 +92,7 @@ def slow_rungs(model: space.TunedModel, cpu_flags: Iterable[str] | None = None) 
     return slow
 
 
-def favoured_rungs(model: space.TunedModel, cpu_flags: Iterable[str] | None = None,
+def favoured_rungs(model: TunedModel, cpu_flags: Iterable[str] | None = None,
                    openvino_caps: Iterable[str] | None = None) -> space.Favoured:
     """Which (engine, rung) pairs this CPU runs natively for `model`, in the order to measure them, and why: int8
     where it has VNNI (NNCF's static int8 on OpenVINO first; ONNX Runtime's dynamic int8, which quantizes only
@@ -126,7 +127,7 @@ def favoured_rungs(model: space.TunedModel, cpu_flags: Iterable[str] | None = No
     return favoured
 
 
-def trims(model: space.TunedModel, input_data: Path | None) -> str:
+def trims(model: TunedModel, input_data: Path | None) -> str:
     """Why every candidate cuts its batches' padding (trim_padding on the token-id input), or "" when they do not: the
     user's requests (--input-data) are padded token ids, and the config does not set trim_padding itself."""
     token = model.bench_model().token_input
@@ -143,7 +144,7 @@ def trims(model: space.TunedModel, input_data: Path | None) -> str:
             f"candidates, whose batch buckets keep the full length, are measured last")
 
 
-def sent_dims(model: space.TunedModel, input_data: Path | None) -> str:
+def sent_dims(model: TunedModel, input_data: Path | None) -> str:
     """What static candidates compile where inputs have variable dims, and what happens to requests of other dims."""
     dims = "; ".join(f"{name} {list(d)}" for name, d in model.sent_dims.items())
     source = "your requests (--input-data)" if input_data is not None else \
@@ -152,7 +153,7 @@ def sent_dims(model: space.TunedModel, input_data: Path | None) -> str:
             f"{source}; a request of other dims runs on the dynamic graph beside them (bucket_fallback=dynamic)")
 
 
-def references(model: space.TunedModel, peer_found, cores: int) -> list[space.Candidate]:
+def references(model: TunedModel, peer_found, cores: int) -> list[space.Candidate]:
     base = space.baseline(model, cores)
     if model.backend not in GE_BACKENDS and peer_found is None:
         # a config for Triton's onnxruntime backend, and no such backend here: measure it on ge as it is
@@ -177,7 +178,7 @@ def run(settings: TuneSettings, progress: Callable[[str], None] = _stderr) -> tu
 
     started = datetime.now()
     t0 = time.monotonic()
-    model = space.TunedModel.load(settings.model_dir)
+    model = TunedModel.load(settings.model_dir)
     out = Path(settings.out or f"tune-{model.name}-{started.strftime('%Y%m%d-%H%M%S')}")
     out.mkdir(parents=True, exist_ok=True)
     found = peer_mod.find(settings.peer_backend_dir) if settings.peer_backend_dir is not None else None
