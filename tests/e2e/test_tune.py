@@ -167,53 +167,67 @@ def test_tune_with_padded_requests_cuts_them_in_every_candidate_and_the_winner(t
         assert "trim_padding: 'text' cut after its last token other than 0" in log
 
 
-def test_tune_of_a_model_with_a_sequence_dim_compiles_the_requests_length_and_serves_any_length(tmp_path):
-    """A BERT whose input_ids and attention_mask are [batch, sequence]: with --input-data of one length, the static
-    candidates compile their buckets at that length and are measured; served, the static config answers that length
-    from its buckets and any other from the dynamic graph (bucket_fallback=dynamic), as the ONNX file does."""
+def tune_bert(tmp_path: Path, lengths, seed: int) -> tuple[Path, subprocess.CompletedProcess, Path, dict]:
+    """A quick tune of a BERT whose input_ids and attention_mask are [batch, sequence], with --input-data of texts of
+    `lengths` tokens: its folder, the run, and a measured static candidate's config (the file and its parameters)."""
     from gebackend.modelzoo import build_bert
 
     model_dir = tmp_path / "repo" / "bert"
     (model_dir / "1").mkdir(parents=True)
     onnx.save(build_bert(), str(model_dir / "1" / "model.onnx"))
     (model_dir / "config.pbtxt").write_text('name: "bert"\nbackend: "ge"\nmax_batch_size: 8\n')
-    rng = np.random.default_rng(3)
+    rng = np.random.default_rng(seed)
     requests = tmp_path / "requests.json"
     requests.write_text(json.dumps({"data": [
-        {"input_ids": {"content": rng.integers(1, 1000, 12).tolist(), "shape": [12]},
-         "attention_mask": {"content": [1] * 12, "shape": [12]}} for _ in range(3)]}))
+        {"input_ids": {"content": rng.integers(1, 1000, n).tolist(), "shape": [n]},
+         "attention_mask": {"content": [1] * n, "shape": [n]}} for n in lengths]}))
     out = tmp_path / "tune"
     done = quick_tune(model_dir, out, "--input-data", str(requests))
-    assert ("tune: static candidates compile the variable dims at the dims every request sends, input_ids [12]; "
-            "attention_mask [12]: those of your requests (--input-data); a request of other dims runs on the dynamic "
-            "graph beside them (bucket_fallback=dynamic)") in done.stderr
     data = json.loads((out / "report.json").read_text())
     static = [c for c in data["candidates"] if c["choices"]["graph"] == "static" and c["throughput"]]
     assert static, [(c["key"], c["status"]) for c in data["candidates"]]
     config = out / "repos" / static[0]["key"] / "bert" / "config.pbtxt"  # the config that was measured
-    parameters = {k: v["string_value"] for k, v in load_model_config(config)["parameters"].items()}
-    assert parameters["graph.ge.inputShape"] == "input_ids:-1,12;attention_mask:-1,12"
-    assert parameters["bucket_fallback"] == "dynamic" and parameters["static_model"] == "1"
+    return model_dir, done, config, {k: v["string_value"] for k, v in load_model_config(config)["parameters"].items()}
 
+
+def serves_like_the_file(tmp_path: Path, model_dir: Path, config: Path, cases) -> str:
+    """Serve the model with `config` through the real server: requests of (rows, length) in `cases` answer every output
+    as the ONNX file does; the server's log."""
     serve_repo = tmp_path / "serve"
     (serve_repo / "bert" / "1").mkdir(parents=True)
     shutil.copy(model_dir / "1" / "model.onnx", serve_repo / "bert" / "1" / "model.onnx")
     shutil.copy(config, serve_repo / "bert" / "config.pbtxt")
     reference = ort.InferenceSession(str(model_dir / "1" / "model.onnx"))
+    rng = np.random.default_rng(11)
     server = start_server(serve_repo, tmp_path / "serve.log")
     try:
         client = httpclient.InferenceServerClient(server.http_url)
-        for rows, length in ((1, 12), (2, 7)):  # a bucket's length, and one no bucket has
+        for rows, length in cases:
             feeds = {"input_ids": rng.integers(1, 1000, (rows, length)).astype(np.int64),
                      "attention_mask": np.ones((rows, length), np.int64)}
             tensors = []
             for name, value in feeds.items():
                 tensors.append(httpclient.InferInput(name, list(value.shape), "INT64"))
                 tensors[-1].set_data_from_numpy(value)
-            got = client.infer("bert", tensors).as_numpy("pooler_output")
-            expected = reference.run(["pooler_output"], feeds)[0]
-            np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5, err_msg=f"{rows} x {length}")
-        log = server.output()
+            result = client.infer("bert", tensors)
+            for name, expected in zip(("last_hidden_state", "pooler_output"), reference.run(None, feeds)):
+                np.testing.assert_allclose(result.as_numpy(name), expected, rtol=1e-4, atol=1e-5,
+                                           err_msg=f"{name}, {rows} x {length}")
+        return server.output()
     finally:
         server.stop()
+
+
+def test_tune_of_a_model_with_a_sequence_dim_compiles_the_requests_length_and_serves_any_length(tmp_path):
+    """With --input-data of one length, the static candidates compile their buckets at that length and are measured;
+    served, the static config answers that length from its buckets and any other from the dynamic graph
+    (bucket_fallback=dynamic), as the ONNX file does."""
+    model_dir, done, config, parameters = tune_bert(tmp_path, (12, 12, 12), seed=3)
+    assert ("tune: static candidates compile the variable dims at the dims every request sends, input_ids [12]; "
+            "attention_mask [12]: those of your requests (--input-data); a request of other dims runs on the dynamic "
+            "graph beside them (bucket_fallback=dynamic)") in done.stderr
+    assert parameters["graph.ge.inputShape"] == "input_ids:-1,12;attention_mask:-1,12"
+    assert parameters["bucket_fallback"] == "dynamic" and parameters["static_model"] == "1"
+    log = serves_like_the_file(tmp_path, model_dir, config, ((1, 12), (2, 7)))  # a bucket's length, and one no bucket has
     assert "static graph, buckets [" in log and "fallback=dynamic" in log
+
