@@ -231,3 +231,16 @@ def test_tune_of_a_model_with_a_sequence_dim_compiles_the_requests_length_and_se
     log = serves_like_the_file(tmp_path, model_dir, config, ((1, 12), (2, 7)))  # a bucket's length, and one no bucket has
     assert "static graph, buckets [" in log and "fallback=dynamic" in log
 
+
+def test_tune_with_requests_of_several_lengths_compiles_them_and_pads_each_request_up(tmp_path):
+    """--input-data of texts of 7, 12 and 20 tokens: the static candidates compile those lengths, each request padded up
+    to the next (bucket_paddable_dims=sequence, checked at load); served, that config answers a bucket's length, one
+    padded up to a bucket and one longer than every bucket (the dynamic graph) as the ONNX file does."""
+    model_dir, done, config, parameters = tune_bert(tmp_path, (7, 12, 20, 12), seed=4)
+    assert ("tune: static candidates compile 'sequence' at the lengths [7, 12, 20] of your requests (--input-data), "
+            "each request padded up to the next (bucket_paddable_dims=sequence, checked at load") in done.stderr
+    assert parameters["graph.ge.inputShape"] == "input_ids:-1,-1;attention_mask:-1,-1"
+    assert parameters["graph.ge.dynamicDims"].startswith("1,7,1,7;1,12,1,12;1,20,1,20;2,7,2,7;")
+    assert parameters["bucket_paddable_dims"] == "sequence" and parameters["bucket_fallback"] == "dynamic"
+    log = serves_like_the_file(tmp_path, model_dir, config, ((1, 12), (2, 9), (1, 25)))  # 9: padded up to 12
+    assert "bucket_paddable_dims=sequence: checked at load" in log

@@ -22,8 +22,8 @@ from gebackend.tune.tuned_model import TunedModel
 _PRECISION_ALIASES = ("precision_mode", "ge.exec.precision_mode_v2", "ge.exec.precision_mode")
 _CORE_ALIASES = ("cores_per_instance", "ge.aicoreNum")
 TUNED_KEYS = frozenset(
-    {"static_model", "graph.ge.inputShape", "graph.ge.dynamicDims", "bucket_fallback", "engine", "intra_op_thread_count",
-     "pin_instances"}
+    {"static_model", "graph.ge.inputShape", "graph.ge.dynamicDims", "bucket_fallback", "bucket_paddable_dims", "engine",
+     "intra_op_thread_count", "pin_instances"}
     | {f"{prefix}{key}" for key in (*_PRECISION_ALIASES, *_CORE_ALIASES) for prefix in ("", "session.", "graph.")}
     | {key for rung in PRECISIONS for key, _ in rung.parameters})
 
@@ -34,6 +34,8 @@ WHAT = {  # what each chosen key does, the first line of its comment
     "static_model": "compile one graph per batch bucket at load (1: static shapes) or run one dynamic graph (0)",
     "graph.ge.inputShape": "the bucket template: every input's shape with -1 for the batch dim",
     "graph.ge.dynamicDims": "the batch buckets compiled (a request batch is padded up to the nearest; larger ones are split)",
+    "bucket_paddable_dims": "the named dim a request is zero-padded along up to its bucket's length (checked at load: "
+                            "not padded where the model's answer moves)",
     "bucket_fallback": "a batch no bucket holds (inputs of other dims than the buckets': the variable dims were compiled "
                        "as your requests sent them) runs on the dynamic graph instead of failing",
     "instance_group": "how many model instances (processes) serve requests in parallel",
@@ -47,7 +49,8 @@ WHAT = {  # what each chosen key does, the first line of its comment
 }
 # the dimension (space.DIMENSIONS) whose measured reason each key's comment gives
 DIMENSION_OF = {"engine": "numerics", "precision_mode": "numerics", "static_model": "graph", "graph.ge.inputShape": "graph",
-                "graph.ge.dynamicDims": "graph", "bucket_fallback": "graph", "instance_group": "instances", "cores_per_instance": "instances",
+                "graph.ge.dynamicDims": "graph", "bucket_fallback": "graph", "bucket_paddable_dims": "graph",
+                "instance_group": "instances", "cores_per_instance": "instances",
                 "intra_op_thread_count": "instances", "dynamic_batching": "delay", "preferred_batch_size": "delay",
                 "max_queue_delay_microseconds": "delay"}
 
@@ -79,6 +82,7 @@ def chosen_parameters(model: TunedModel, cand: Candidate) -> dict[str, str]:
               "static_model": "1" if cand.scenario.static else "0"}
     params.update(bench_scenarios.parameters(model.bench_model(), cand.scenario))
     if cand.scenario.static and model.sent_dims:
+        params.update(model.length_buckets(cand.scenario.buckets))  # requests of several lengths: each padded up
         params["bucket_fallback"] = "dynamic"  # buckets at the dims requests sent: others still served
     params.update(dict(cand.rung.parameters))
     return params

@@ -13,6 +13,7 @@ from gebackend.config.spec import TensorSpec
 
 DEFAULT_MAX_BATCH_SIZE = 8  # what the backend gives a batching model whose config does not say (default_max_batch_size)
 VARIABLE_DIM = 16  # a variable non-batch dim is sent as this size (compile.accuracy.random_feeds' default)
+MAX_LENGTHS = 4  # requests of several lengths: at most this many compiled (x each batch bucket)
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,10 @@ class TunedModel:
     # inputs with a variable dim -> the non-batch dims requests send them (VARIABLE_DIM unless --input-data says):
     # static candidates compile their buckets at these, and run other shapes on the dynamic graph (bucket_fallback)
     sent_dims: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+    # requests of several lengths along one named dim (a sequence): the lengths static candidates compile, each request
+    # padded up to the next (bucket_paddable_dims, checked at load); sent_dims then holds the longest shapes
+    pad_dim: str = ""
+    pad_lengths: tuple[int, ...] = ()
 
     @classmethod
     def load(cls, model_dir: Path) -> "TunedModel":
@@ -63,21 +68,58 @@ class TunedModel:
     def with_requests(self, entries: Sequence[Mapping]) -> "TunedModel":
         """The model measured with the user's requests (perf_analyzer --input-data entries): the static candidates'
         buckets compile the dims the requests send to each input with a variable dim, when every request sends the
-        same; otherwise static candidates are left out, saying why."""
-        sent = {}
+        same; requests of several lengths along one named dim, at most `MAX_LENGTHS` of them (else that many at their
+        quartiles), padded up to the next (`pad_lengths`); otherwise static candidates are left out, saying why."""
+        shapes = {name: [_shape(entry.get(name)) for entry in entries] for name in self.sent_dims}
         for name, dims in self.sent_dims.items():
-            shapes = {_shape(entry.get(name)) for entry in entries}
-            if None in shapes or any(len(shape) != len(dims) for shape in shapes):
+            if any(shape is None or len(shape) != len(dims) for shape in shapes[name]):
                 return replace(self, sent_dims={}, static_problem=(
                     f"the shape your requests send to input {name} (a variable dim) cannot be read from --input-data: "
                     f"give each request's {name} a \"shape\" of {len(dims)} dims"))
-            if len(shapes) > 1:
-                return replace(self, sent_dims={}, static_problem=(
-                    f"your requests send input {name} (a variable dim) in {len(shapes)} shapes "
-                    f"({', '.join(str(list(s)) for s in sorted(shapes)[:4])}{', ...' if len(shapes) > 4 else ''}): "
-                    f"a static candidate compiles the one shape requests send; the dynamic graph takes them all"))
-            sent[name] = shapes.pop()
-        return replace(self, sent_dims=sent)
+        if all(len(set(sent)) == 1 for sent in shapes.values()):
+            return replace(self, sent_dims={name: sent[0] for name, sent in shapes.items()})
+        label, lengths = self._lengths(shapes)
+        if not lengths:
+            name, sent = next((name, set(sent)) for name, sent in shapes.items() if len(set(sent)) > 1)
+            return replace(self, sent_dims={}, static_problem=(
+                f"your requests send input {name} (a variable dim) in {len(sent)} shapes "
+                f"({', '.join(str(list(s)) for s in sorted(sent)[:4])}{', ...' if len(sent) > 4 else ''}): "
+                f"a static candidate compiles the one shape requests send, or the lengths of one named dim (such as "
+                f"a sequence) padded up; the dynamic graph takes them all"))
+        longest = {name: max(sent, key=lambda shape: max(shape)) for name, sent in shapes.items()}
+        return replace(self, sent_dims=longest, pad_dim=label, pad_lengths=lengths)
+
+    def _lengths(self, shapes: Mapping[str, list]) -> tuple[str, tuple[int, ...]]:
+        """(the named dim, the lengths to compile) where every variable dim of every input is that one dim and each
+        request sends one length along all of them; ("", ()) otherwise."""
+        by_name = {t.name: t for t in self.inputs}
+        labels = {label for name in shapes for d, label in zip(by_name[name].dims, by_name[name].labels) if d == -1}
+        if len(labels) != 1 or None in labels:
+            return "", ()
+        sent = []
+        for request in zip(*shapes.values()):
+            values = {v for name, shape in zip(shapes, request) for d, v in zip(by_name[name].dims, shape) if d == -1}
+            fixed_ok = all(v == d for name, shape in zip(shapes, request) for d, v in zip(by_name[name].dims, shape)
+                           if d != -1)
+            if len(values) != 1 or not fixed_ok:
+                return "", ()
+            sent.append(values.pop())
+        distinct = sorted(set(sent))
+        if len(distinct) > MAX_LENGTHS:  # the lengths at the quartiles of the requests: a quarter padded up to each
+            ordered = sorted(sent)
+            distinct = sorted({ordered[-(-len(ordered) * q // MAX_LENGTHS) - 1] for q in range(1, MAX_LENGTHS + 1)})
+        return labels.pop(), tuple(distinct)
+
+    def length_buckets(self, batches: Sequence[int]) -> dict[str, str]:
+        """With `pad_lengths`: the static candidates' buckets, every batch size at every length, the named dim padded
+        (graph.ge.inputShape, graph.ge.dynamicDims, bucket_paddable_dims); {} otherwise."""
+        if not self.pad_lengths:
+            return {}
+        template = ";".join(f"{t.name}:-1," + ",".join(str(d) for d in t.dims) for t in self.inputs)
+        per_input = [sum(d == -1 for d in t.dims) for t in self.inputs]
+        buckets = ";".join(",".join(",".join([str(b)] + [str(n)] * count) for count in per_input)
+                           for b in batches for n in self.pad_lengths)
+        return {"graph.ge.inputShape": template, "graph.ge.dynamicDims": buckets, "bucket_paddable_dims": self.pad_dim}
 
     def request_dims(self, tensor: TensorSpec) -> tuple[int, ...]:
         """One request's shape of an input, batch dim included when the model batches (variable dims: the dims the

@@ -149,6 +149,11 @@ def sent_dims(model: TunedModel, input_data: Path | None) -> str:
     dims = "; ".join(f"{name} {list(d)}" for name, d in model.sent_dims.items())
     source = "your requests (--input-data)" if input_data is not None else \
         "the seeded random requests (--input-data with your own requests compiles theirs)"
+    if model.pad_lengths:
+        return (f"static candidates compile '{model.pad_dim}' at the lengths {list(model.pad_lengths)} of your requests "
+                f"(--input-data), each request padded up to the next (bucket_paddable_dims={model.pad_dim}, checked at "
+                f"load: not padded where the model's answer moves); a request of other dims runs on the dynamic graph "
+                f"beside them (bucket_fallback=dynamic)")
     return (f"static candidates compile the variable dims at the dims every request sends, {dims}: those of "
             f"{source}; a request of other dims runs on the dynamic graph beside them (bucket_fallback=dynamic)")
 
