@@ -81,6 +81,8 @@ def test_requests_of_several_lengths_of_a_named_dim_compile_those_lengths_padded
     # more than 4 lengths: the lengths at the requests' quartiles, the longest last (a quarter padded up to each)
     many = model.with_requests(_requests((3, 4, 6, 7, 9, 10, 12, 13)))
     assert many.pad_lengths == (4, 7, 10, 13)
+    short = model.with_requests(_requests((3, 6, 3)))  # lengths under the feature dim (8): still the longest, 6
+    assert short.pad_lengths == (3, 6) and short.sent_dims == {"x": (6, 8)}
 
 
 def test_requests_of_several_shapes_otherwise_or_none_readable_leave_static_out(tmp_path):

@@ -86,7 +86,7 @@ class TunedModel:
                 f"({', '.join(str(list(s)) for s in sorted(sent)[:4])}{', ...' if len(sent) > 4 else ''}): "
                 f"a static candidate compiles the one shape requests send, or the lengths of one named dim (such as "
                 f"a sequence) padded up; the dynamic graph takes them all"))
-        longest = {name: max(sent, key=lambda shape: max(shape)) for name, sent in shapes.items()}
+        longest = {name: max(sent, key=sum) for name, sent in shapes.items()}  # they differ in the length only
         return replace(self, sent_dims=longest, pad_dim=label, pad_lengths=lengths)
 
     def _lengths(self, shapes: Mapping[str, list]) -> tuple[str, tuple[int, ...]]:
