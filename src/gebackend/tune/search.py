@@ -11,7 +11,8 @@
    the exact one first) has its instance layouts and delays measured next, before the other rungs' variations. One
    that beats the best so far by more than 1.5x is measured twice and the lower counts (it becomes the reference).
    A candidate below half the best so far is "pruned"; when it differs from the best in one dimension only, that
-   dimension's value is dead and the later candidates having it are pruned unmeasured. p99 above the latency
+   dimension's value is dead and the later candidates having it are pruned unmeasured (so that window is measured
+   again first and the higher counts). p99 above the latency
    budget: "over budget" (kept in the report, cannot win).
 4. Refining: the best `finalists` (3) and the references are served together and measured with longer windows in
    interleaved rounds (candidate A, B, C, baseline, A, B, ...); medians and the spread are reported, the best
@@ -219,6 +220,13 @@ class Search:
                 second = self._measure(handle, "screen")
                 again = f" (a new best by over {self.settings.confirm_above:g}x: measured again, {second.throughput:.0f})"
                 outcome.screen = min(outcome.screen, second, key=lambda m: m.throughput)
+            elif cand.kind == "candidate" and best is not None and self._kills_a_value(cand, outcome.screen, best):
+                # The other way round: one slow window would prune every later candidate with this value unmeasured
+                # (a whole instance layout, say), so it is measured again and the higher counts.
+                second = self._measure(handle, "screen")
+                again = (f" (under {self.settings.prune_below:g}x the best and one change from it: measured again, "
+                         f"{second.throughput:.0f})")
+                outcome.screen = max(outcome.screen, second, key=lambda m: m.throughput)
         except MeasureFailed as exc:
             outcome.status = f"failed: {exc}"
             self.progress(f"{tag} ... {outcome.status}")
@@ -227,6 +235,11 @@ class Search:
             self.measurer.stop(handle)
         self.progress(f"{tag} ... {outcome.screen.throughput:.0f} infer/s p99 {outcome.screen.p99_ms:.1f} ms{again}")
         self._judge(outcome)
+
+    def _kills_a_value(self, cand: Candidate, screen: Measurement, best: Outcome) -> bool:
+        """Whether this window, judged, would prune `cand` and with it its one value that differs from the best's."""
+        return (screen.throughput < self.settings.prune_below * best.throughput
+                and len(differs_in(cand, best.candidate)) == 1)
 
     def _judge(self, outcome: Outcome) -> None:
         """ok, over budget, or pruned (and which dimension value dies with it)."""
