@@ -66,9 +66,10 @@ def peer_verdict(search: Search) -> str | None:
                          f"Triton's C++ backend does not pay it. Serving this model on the onnxruntime backend is the "
                          f"faster choice here.")
     own = search.checks.get(winner.candidate.numerics)
-    faster = sorted((c.run_ms, engine, rung, c.cosine) for (engine, rung), c in search.checks.items()
-                    if c.cosine < minimum and c.run_ms is not None and own is not None and own.run_ms is not None
-                    and c.run_ms < own.run_ms)
+    own_ms = own.run_ms if own is not None else None
+    faster = [] if own_ms is None else sorted(
+        (c.run_ms, engine, rung, c.cosine) for (engine, rung), c in search.checks.items()
+        if c.cosine < minimum and c.run_ms is not None and c.run_ms < own_ms)
     if faster:
         lines.append("Faster in process than the winner's precision but under --min-cosine " f"{minimum}, so not served: "
                      + ", ".join(f"{e} {r} ({t:.2f} ms, cosine {cos:.6f})" for t, e, r, cos in faster)

@@ -254,9 +254,8 @@ class Search:
         if best is not None and m.throughput < s.prune_below * best.throughput:
             outcome.status = (f"pruned: {m.throughput:.0f} infer/s < {s.prune_below:g} x the best so far "
                               f"({best.throughput:.0f}, {best.candidate.key})")
-            differ = differs_in(outcome.candidate, best.candidate)
-            if len(differ) == 1:
-                dim = differ[0]
+            if self._kills_a_value(outcome.candidate, m, best):
+                (dim,) = differs_in(outcome.candidate, best.candidate)
                 value = outcome.candidate.choices()[dim]
                 self.dead[(dim, value)] = (f"{outcome.candidate.describe(dim)} measured {m.throughput:.0f} infer/s < {s.prune_below:g} x "
                                            f"{best.throughput:.0f} ({outcome.candidate.key} vs {best.candidate.key})")

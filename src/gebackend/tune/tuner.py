@@ -202,10 +202,11 @@ def run(settings: TuneSettings, progress: Callable[[str], None] = _stderr) -> tu
              f"once every one is timed in process, one change of each dimension)" if settings.quick
              else f"{len(candidates)} candidates")
     progress(f"tune: {model.name}: {count} on {machine()}; writing to {out}")
+    static_dims = sent_dims(model, settings.input_data) if model.sent_dims else ""
     if model.static_problem:
         progress(f"tune: no static candidates: {model.static_problem}")
-    elif model.sent_dims:
-        progress(f"tune: {sent_dims(model, settings.input_data)}")
+    elif static_dims:
+        progress(f"tune: {static_dims}")
     if trim:
         progress(f"tune: {trim}")
     for engine, rung in sorted({(c.scenario.engine, c.rung) for c in candidates if slow(c.scenario.engine, c.rung)},
@@ -244,7 +245,7 @@ def run(settings: TuneSettings, progress: Callable[[str], None] = _stderr) -> tu
             "screen": _window(measurer.phases["screen"]), "refine": _window(measurer.phases["refine"]),
             "peer": peer_mod.describe(found, None if found else "not asked (--peer-backend-dir)"),
             "static_problem": model.static_problem,
-            "static_dims": sent_dims(model, settings.input_data) if model.sent_dims else "",
+            "static_dims": static_dims,
             "input_data": str(settings.input_data) if settings.input_data else "seeded random requests",
             "trim_padding": trim}
     data = report.summary(done, meta, reasons, text)
