@@ -181,6 +181,20 @@ def test_the_batching_peer_batches_as_the_comparable_rung(bert_small, tmp_path):
     assert config["instance_group"][0]["count"] == 2 and params == {"intra_op_thread_count": "1"}
 
 
+def test_the_default_instances_peer_leaves_the_count_to_triton(bert_small, tmp_path):
+    """No instance_group in its file: Triton's default count for the backend decides (2 CPU instances for it)."""
+    chosen = scenarios.PEERS["peer_default_instances"]
+    model, path = bert_small
+    repo = scenarios.write_repository(tmp_path, model, chosen, path)
+    lines = (repo / model.name / "config.pbtxt").read_text().splitlines()
+    assert not [line for line in lines if "instance_group" in line and not line.startswith("#")]
+    config, params = _config(tmp_path / "d", bert_small, chosen)
+    batching = scenarios.PEERS["peer_batching"]
+    assert "instance_group" not in config and params == {}
+    assert int(config["dynamic_batching"]["max_queue_delay_microseconds"]) == batching.max_queue_delay_us
+    assert chosen.name not in scenarios.PEER_SCENARIOS  # measured when named, not beside every ladder
+
+
 def test_peer_scenarios_are_selectable_but_never_ensembles_nor_ceilings():
     assert [s.name for s in scenarios.select(["naive", "peer_batching"])] == ["naive", "peer_batching"]
     assert all(s.is_peer and not s.is_ge for s in scenarios.PEERS.values())

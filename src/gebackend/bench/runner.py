@@ -100,7 +100,7 @@ class Bench:
         chosen = scenarios.select(s.scenarios)
         add = s.with_peer if s.with_peer is not None else self.peer is not None
         if add:
-            chosen += [sc for name, sc in scenarios.PEERS.items() if name not in {c.name for c in chosen}]
+            chosen += [scenarios.PEERS[name] for name in scenarios.PEER_SCENARIOS if name not in {c.name for c in chosen}]
         return chosen
 
     def run(self) -> Path:

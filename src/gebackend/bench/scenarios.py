@@ -16,6 +16,7 @@ ge_dyn_pinned (the batching and pinned rungs on the dynamic graph), and ge_int8_
 The peer (gebackend.bench.peer; only where Triton's C++ onnxruntime backend is installed, nothing of it is shipped):
   peer           the same model and ONNX file on Triton's onnxruntime backend: 1 instance, no dynamic batching
   peer_batching  the same with ge_dyn_batching's dynamic batching (preferred 2/4/8, 100 us delay)
+  peer_default_instances  peer_batching without instance_group: Triton's default count, 2 CPU instances for it
 Every scenario's throughput is reported over the peer's at the same concurrency (report.peer_ratios).
 
 Any ge scenario followed by `+ensemble` (e.g. `ge_bf16+ensemble`) serves a CN_CLIP encoder model as that
@@ -54,7 +55,7 @@ class Scenario:
     dynamic_batching: bool = True  # ge: Triton's dynamic batcher (the backend switches it on by default too)
     preferred_batch_sizes: tuple[int, ...] = ()
     max_queue_delay_us: int = 0
-    instances: int = 1
+    instances: int = 1  # 0: no instance_group in config.pbtxt, so Triton's default count for the backend
     cores_per_instance: int = 0
     intra_op_threads: int = 0
     engine: str = engine_registry.DEFAULT
@@ -132,14 +133,18 @@ def _peers(batching: Scenario) -> list[Scenario]:
                             title="Triton's onnxruntime backend + dynamic batching (preferred 2/4/8, 100 us delay)",
                             preferred_batch_sizes=batching.preferred_batch_sizes,
                             max_queue_delay_us=batching.max_queue_delay_us)
-    return [peer, peer_batching]
+    # A config without instance_group, as many of the backend's users write it: Triton gives the onnxruntime backend
+    # 2 CPU instances by default (1 to a Python-based backend such as ge), each with ONNX Runtime's default threads
+    peer_default = replace(peer_batching, name="peer_default_instances", instances=0,
+                           title="peer_batching without instance_group (Triton's default for this backend: 2 CPU instances)")
+    return [peer, peer_batching, peer_default]
 
 
 SCENARIOS: dict[str, Scenario] = {s.name: s for s in _ladder()}  # ours (ge and the naive baseline)
 # The peer's scenarios, apart from ours: they run only where the peer is found (gebackend.bench.peer).
 PEERS: dict[str, Scenario] = {s.name: s for s in _peers(SCENARIOS["ge_dyn_batching"])}
 LADDER = ("naive", "ge_dynamic", "ge_static", "ge_batching", "ge_pinned", "ge_bf16", "ge_int8")
-PEER_SCENARIOS = tuple(PEERS)  # run beside the ladder by default where the peer is found
+PEER_SCENARIOS = ("peer", "peer_batching")  # run beside the ladder by default where the peer is found
 
 
 # ----------------------------------------------------------------------------------------- features
@@ -285,7 +290,8 @@ def config_text(model: BenchModel, scenario: Scenario, signature: Signature) -> 
     lines.append("output [")
     lines.append(",\n".join(f'  {{ name: "{n}", data_type: {t}, dims: {_dims_text(d)} }}' for n, t, d in _output_dims(signature)))
     lines.append("]")
-    lines.append(f"instance_group [ {{ kind: KIND_CPU, count: {scenario.instances} }} ]")
+    if scenario.instances:
+        lines.append(f"instance_group [ {{ kind: KIND_CPU, count: {scenario.instances} }} ]")
     if scenario.dynamic_batching and scenario.backend != "python":
         body = []
         if scenario.preferred_batch_sizes:
