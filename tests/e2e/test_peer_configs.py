@@ -159,6 +159,8 @@ def peers(tmp_path_factory):
     add_model(repo, "bad_accelerator", 'backend: "ge"\nmax_batch_size: 4\n' + ONE_CPU
               + 'optimization { execution_accelerators { cpu_execution_accelerator [ { name: "mkldnn" } ] } }\n', build_add_mul())
     add_model(repo, "badcfg", BROKEN_CONFIG, build_add_mul())
+    # an onnxruntime-backend config without instance_group, its backend switched: Triton gives the peer 2 instances
+    add_model(repo, "ort_peer_no_group", 'backend: "ge"\nmax_batch_size: 4\n', build_add_mul())
     server = start_server(repo, root / "serve.log")
     yield server, repo, dumps
     assert server.stop() == 0
@@ -178,7 +180,7 @@ def load_line(out: str, model: str) -> str:
 def test_the_good_models_serve_and_the_broken_ones_are_named(peers):
     server, repo, _ = peers
     out = server.output()
-    assert "gebackend: 5 of 7 models ready" in out, out[-5000:]
+    assert "gebackend: 6 of 8 models ready" in out, out[-5000:]
     config = repo / "badcfg" / "config.pbtxt"
     # Triton itself only logs "failed to read text proto"; the CLI names the model, the file, line and column.
     assert re.search(rf"gebackend: model 'badcfg' failed to load: cannot parse {re.escape(str(config))}:4:17: "
@@ -231,6 +233,21 @@ def test_onnxruntime_backend_sections(peers):
         result = infer(server, "grpc", model, feeds)
         np.testing.assert_allclose(result.as_numpy("sum"), feeds["x"] + feeds["y"], rtol=1e-6)
         np.testing.assert_allclose(result.as_numpy("product"), feeds["x"] * feeds["y"], rtol=1e-6)
+
+
+def test_a_config_without_instance_group_gets_one_instance_on_every_core(peers):
+    """Triton's default count for a Python-based backend is 1 (the onnxruntime backend's is 2): one instance, not
+    pinned, as docs/configs.md says."""
+    server, _, _ = peers
+    with httpclient.InferenceServerClient(server.http_url) as client:
+        config = client.get_model_config("ort_peer_no_group")
+    assert [(g["kind"], g["count"]) for g in config["instance_group"]] == [("KIND_CPU", 1)]
+    out = server.output()
+    assert len(re.findall(r"model 'ort_peer_no_group' instance \S+ loaded ", out)) == 1
+    assert not re.search(r"model 'ort_peer_no_group': instance \S+: instance \d+/\d+ pinned", out)  # every core
+    feeds = add_mul_feeds(2)
+    np.testing.assert_allclose(infer(server, "http", "ort_peer_no_group", feeds).as_numpy("sum"), feeds["x"] + feeds["y"],
+                               rtol=1e-6)
 
 
 def _dump_index(dumps: Path, model: str) -> dict:
