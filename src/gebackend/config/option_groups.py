@@ -38,6 +38,9 @@ class OrtSessionOptions:
     # pool) instead of one pool each, so the pools neither steal cores from each other nor need to stop spinning when a
     # run returns ("on"); "off": a pool per bucket, spinning only within a run; "auto": engines/onnxruntime_static.py
     shared_thread_pool: str = "auto"
+    # ORT's session.intra_op_thread_affinities: the logical processors (from 1) of each intra-op worker thread, e.g.
+    # "2;3" or "2,3;4"; empty: ORT's own placement. lend_idle_cores sets it for the engine on the borrowed cores
+    intra_op_thread_affinities: str = ""
 
 
 @dataclass(frozen=True)
@@ -95,6 +98,9 @@ class InstanceOptions:
 
     pin_instances: str = "auto"  # "auto": pin when the model has several instances or sets cores_per_instance; "on" | "off"
     cores_per_instance: int = 0  # CPU cores each instance is pinned to; 0: the machine's cores divided evenly
+    # "on": a pinned instance runs a batch on its model's other instances' cores too while they are idle, with a second
+    # engine whose extra threads are fixed there (runtime/lending.py; ONNX Runtime's dynamic graph on the CPU); "off"
+    lend_idle_cores: str = "off"
     # An instance inside one execute() this long, or frozen this long, is killed and its model restored (control/heartbeat.py); 0: never
     hang_timeout_s: float = 120.0
     device_ids: tuple[int, ...] = ()  # ge-backend's device_ids: parsed and reported (config/ge_keys.py)

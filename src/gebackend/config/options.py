@@ -110,7 +110,8 @@ def _choice(mapping: Mapping[str, str]) -> Callable[[str], str]:
     return parse
 
 
-# "auto", or a bool spelled any way _bool takes it, read as "on" / "off" (pin_instances, allow_spinning, ...)
+# a bool spelled any way _bool takes it, read as "on" / "off" (lend_idle_cores); with "auto" too (pin_instances, ...)
+_on_off = _choice({**{k: "on" for k in _TRUE}, **{k: "off" for k in _FALSE}})
 _auto_bool = _choice({"auto": "auto", **{k: "on" for k in _TRUE}, **{k: "off" for k in _FALSE}})
 
 
@@ -161,6 +162,19 @@ def _openvino_device(text: str) -> str:
     return device
 
 
+def _thread_affinities(text: str) -> str:
+    """ONNX Runtime's intra-op thread affinities: per worker thread a comma list of logical processors (from 1) or
+    ranges, threads separated by ';' ("2;3", "2,3;4-5")."""
+    text = text.strip()
+    for entry in text.split(";") if text else []:
+        for part in entry.split(","):
+            low, dash, high = part.strip().partition("-")
+            if not (low.isdigit() and int(low) >= 1 and (not dash or (high.isdigit() and int(high) >= int(low)))):
+                raise ValueError("expected logical processors counted from 1 per worker thread, threads separated "
+                                 "by ';', e.g. 2;3 or 2,3;4-5")
+    return text
+
+
 _EXECUTION_MODES = {"0": "sequential", "sequential": "sequential", "1": "parallel", "parallel": "parallel"}
 _OPT_LEVELS = {
     "disable": "disable", "disabled": "disable", "none": "disable",
@@ -203,6 +217,8 @@ _KEYS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "allow_spinning": ("allow_spinning", _auto_bool),
     "force_spinning_stop": ("force_spinning_stop", _auto_bool),
     "shared_thread_pool": ("shared_thread_pool", _auto_bool),
+    "intra_op_thread_affinities": ("intra_op_thread_affinities", _thread_affinities),
+    "lend_idle_cores": ("lend_idle_cores", _on_off),
     "hang_timeout_s": ("hang_timeout_s", _non_negative_seconds),
     "device_ids": ("device_ids", _device_ids),
     "device_exec_blocks": ("device_exec_blocks", _exec_blocks),

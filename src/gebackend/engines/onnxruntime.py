@@ -103,6 +103,8 @@ def session_options(options: OrtSessionOptions) -> ort.SessionOptions:
         so.add_session_config_entry("session.intra_op.allow_spinning", "1" if options.allow_spinning == "on" else "0")
     if options.force_spinning_stop == "on":
         so.add_session_config_entry("session.force_spinning_stop", "1")
+    if options.intra_op_thread_affinities:
+        so.add_session_config_entry("session.intra_op_thread_affinities", options.intra_op_thread_affinities)
     return so
 
 
@@ -148,6 +150,7 @@ def describe_tuning(options: OrtSessionOptions, disabled: Sequence[str]) -> str:
     """The tuning part of an engine's load line: spinning, disabled optimizers and where they come from."""
     text = f" allow_spinning={options.allow_spinning}" if options.allow_spinning != "auto" else ""
     text += f" force_spinning_stop={options.force_spinning_stop}" if options.force_spinning_stop != "auto" else ""
+    text += f" intra_op_thread_affinities={options.intra_op_thread_affinities}" if options.intra_op_thread_affinities else ""
     if disabled:
         origin = "default; disabled_optimizers=none keeps them" if options.disabled_optimizers is None else "disabled_optimizers"
         text += f" disabled_optimizers={','.join(disabled)} ({origin})"

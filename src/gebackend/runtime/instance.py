@@ -98,12 +98,12 @@ class ModelInstance:
         say = lambda m: log.info(f"gebackend: model '{name}': {m}")  # noqa: E731
         in_repository = path  # caches (TensorRT's engines) are kept beside this file, not beside a temporary copy
         path = aliased_model(config, path, say, server_temp_parent())  # npu_ge: names paired by position
-        options, ledger = _pin(name, instance, config, parsed.options, log) if pin else (parsed.options, None)
+        options, ledger, lending = _pin(name, instance, config, parsed.options, log) if pin else (parsed.options, None, None)
         options = _resolve_auto(options, path, say)
         spec = build_model_spec(config, read_signature(path), path, options)
         providers = select_providers(spec, instance.kind, instance.device_id, model_path=in_repository,
                                      instance_index=_instance_index(name, instance, config))
-        executor, how = load_executor(spec, providers, say)
+        executor, how = load_executor(spec, providers, say, lending)
         seconds = time.perf_counter() - started
         log.info(f"gebackend: model '{name}' instance '{instance.name}' loaded {path.name} in {seconds:.2f}s: "
                  f"max_batch_size={spec.max_batch_size}, {how}")
@@ -165,7 +165,8 @@ def _pin(name: str, instance: InstanceInfo, config: Mapping[str, Any], options, 
     """Pin this instance's process to its CPU set (runtime/pinning.py) and size the engine's threads to it.
 
     Runs before the engine exists, so the threads it creates inherit the affinity. Returns the options
-    the instance runs with, and the server-wide core ledger holding its cores (released when it unloads).
+    the instance runs with, the server-wide core ledger holding its cores (released when it unloads), and what it
+    may borrow of its model's other instances' cores (`lend_idle_cores`, runtime/lending.py), or None.
     """
     from gebackend.runtime.pinning import pin_process, pinned_options, plan_for_instance
 
@@ -174,7 +175,10 @@ def _pin(name: str, instance: InstanceInfo, config: Mapping[str, Any], options, 
         plan = plan_for_instance(name, instance.name, config, options.instances.pin_instances,
                                  options.instances.cores_per_instance, instance.device_id)
         if plan is None:
-            return _sized_to_allowance(name, options, log), None
+            if options.instances.lend_idle_cores == "on":
+                log.warn(f"gebackend: model '{name}': lend_idle_cores=on: lends nothing: only pinned instances lend "
+                         f"(this one is not: one instance without cores_per_instance, or pin_instances=off)")
+            return _sized_to_allowance(name, options, log), None, None
         control = control_dir()
         if control is not None:  # under `gebackend serve`: take the cores other models left free
             ledger = CoreLedger(control)
@@ -185,12 +189,25 @@ def _pin(name: str, instance: InstanceInfo, config: Mapping[str, Any], options, 
         log.warn(f"gebackend: model '{name}' instance '{instance.name}': not pinned: {exc}")
         if ledger is not None:
             ledger.release()
-        return options, None
+        return options, None, None
     pinned, notes = pinned_options(options, plan)
     message = (f"instance '{instance.name}': {plan.describe()}; intra_op_threads={pinned.session.intra_op_thread_count} "
                f"inter_op_threads={pinned.session.inter_op_thread_count} allow_spinning={pinned.session.allow_spinning}")
     (log.warn if plan.note or notes else log.info)(f"gebackend: model '{name}': {'; '.join([message, *notes])}")
-    return pinned, ledger
+    return pinned, ledger, _lending(name, plan, pinned, log)
+
+
+def _lending(name: str, plan, options, log: InstanceLog):
+    """What this pinned instance borrows while its siblings idle (runtime/lending.py), or None; `lend_idle_cores=on`
+    that cannot be met says why."""
+    if options.instances.lend_idle_cores != "on":
+        return None
+    from gebackend.runtime.lending import plan_lending
+
+    lending, why = plan_lending(plan, options.instances.cores_per_instance)
+    if lending is None:
+        log.warn(f"gebackend: model '{name}': lend_idle_cores=on: lends nothing: {why}")
+    return lending
 
 
 def _sized_to_allowance(name: str, options, log: InstanceLog):

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from gebackend.config.spec import ModelSpec
-from gebackend.control.env import server_temp_parent
+from gebackend.control.env import control_dir, server_temp_parent
 from gebackend.control.timing_lock import timing_alone
 from gebackend.engines import create_engine, create_static_engine, engine_name
 from gebackend.engines.providers import as_selection
@@ -27,9 +27,11 @@ from gebackend.runtime.runners import BucketRunner, DynamicRunner
 
 
 def load_executor(
-    spec: ModelSpec, providers: Sequence = ("CPUExecutionProvider",), log: Callable[[str], None] = lambda m: None
+    spec: ModelSpec, providers: Sequence = ("CPUExecutionProvider",), log: Callable[[str], None] = lambda m: None,
+    lending=None,
 ) -> tuple[Executor, str]:
-    """The executor for a model and one line describing how it runs."""
+    """The executor for a model and one line describing how it runs (`lending`: the cores a pinned instance may borrow
+    while its siblings idle, runtime/lending.py)."""
     precision = ""
     engine_kind = kind(engine_name(spec.options.engines))
     mode = spec.options.engines.precision_mode
@@ -41,11 +43,11 @@ def load_executor(
     # the fp32 file a lowered model's answers are compared through (trim_padding's and the bucket padding's checks)
     fp32 = original if spec.options.engines.precision_mode != "origin" else None
     if spec.options.static.trim_padding is None:
-        executor, how = _build(spec, providers, log, fp32)
+        executor, how = _build(spec, providers, log, fp32, lending)
         return executor, f"{precision}{how}"
     from gebackend.runtime.padding_trim import build_trimmed
 
-    executor, how = build_trimmed(spec, lambda loosened: _build(loosened, providers, log, fp32), log,
+    executor, how = build_trimmed(spec, lambda loosened: _build(loosened, providers, log, fp32, lending), log,
                                   reference=original if spec.path != original else None)
     return executor, f"{precision}{how}"
 
@@ -101,11 +103,16 @@ def _fp32(spec: ModelSpec, log: Callable[[str], None], why: str) -> tuple[ModelS
 
 
 def _build(spec: ModelSpec, providers: Sequence, log: Callable[[str], None],
-           fp32: Path | None = None) -> tuple[Executor, str]:
+           fp32: Path | None = None, lending=None) -> tuple[Executor, str]:
     output_names = [t.name for t in spec.outputs]
+    if lending is not None:
+        lending = _lendable(spec, providers, lending, log)
     if not spec.static:
         engine = create_engine(spec, providers)
-        return Executor(spec, DynamicRunner(spec.name, engine, output_names)), f"dynamic graph, {engine.describe()}"
+        own = DynamicRunner(spec.name, engine, output_names)
+        runner = own if lending is None else _lending_runner(spec, providers, own, lending, output_names, log)
+        lent = f"; {lending.describe()}" if runner is not own else ""
+        return Executor(spec, runner), f"dynamic graph, {engine.describe()}{lent}"
     try:
         return _static_executor(spec, providers, log, output_names, fp32)
     except GeBackendError:
@@ -117,6 +124,34 @@ def _build(spec: ModelSpec, providers: Sequence, log: Callable[[str], None],
             f"static graph mode could not build model '{spec.name}': {describe_error(exc)}; serve it with "
             f"static_model=0 (dynamic graph mode) and report this model"
         ) from None
+
+
+def _lendable(spec: ModelSpec, providers: Sequence, lending, log: Callable[[str], None]):
+    """`lending` where this engine, provider and graph mode can borrow cores, else None (and the log says why)."""
+    from gebackend.runtime.lending import why_not_lent
+
+    why = why_not_lent(spec.options, engine_name(spec.options.engines), as_selection(providers).kind.name, spec.static,
+                       control_dir())
+    if not why:
+        return lending
+    log(f"lend_idle_cores=on: lends nothing: {why}")
+    return None
+
+
+def _lending_runner(spec: ModelSpec, providers: Sequence, own: DynamicRunner, lending, output_names,
+                    log: Callable[[str], None]):
+    """`own` beside a runner whose engine also has threads on the borrowed cores, switched by the model's board;
+    `own` alone where the board cannot be made."""
+    from gebackend.runtime.lending import BusyBoard, LendingRunner, lending_options
+
+    try:
+        board = BusyBoard(control_dir(), spec.name, lending.index, lending.total)
+    except (OSError, ValueError) as exc:
+        log(f"lend_idle_cores=on: lends nothing: the instances' board cannot be made: {exc}")
+        return own
+    lent_spec = dataclasses.replace(spec, options=lending_options(spec.options, lending))
+    lent = DynamicRunner(spec.name, create_engine(lent_spec, providers), output_names)
+    return LendingRunner(own, lent, board)
 
 
 def _static_executor(spec: ModelSpec, providers: Sequence, log: Callable[[str], None], output_names,
