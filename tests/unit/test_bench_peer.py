@@ -195,6 +195,12 @@ def test_the_default_instances_peer_leaves_the_count_to_triton(bert_small, tmp_p
     assert chosen.name not in scenarios.PEER_SCENARIOS  # measured when named, not beside every ladder
 
 
+def test_the_lending_scenario_is_the_pinned_one_lending(bert_small, tmp_path):
+    config, params = _config(tmp_path / "e", bert_small, scenarios.SCENARIOS["ge_dyn_lend"])
+    _, pinned = _config(tmp_path / "f", bert_small, scenarios.SCENARIOS["ge_dyn_pinned"])
+    assert config["instance_group"][0]["count"] == 2 and params == {**pinned, "lend_idle_cores": "on"}
+
+
 def test_peer_scenarios_are_selectable_but_never_ensembles_nor_ceilings():
     assert [s.name for s in scenarios.select(["naive", "peer_batching"])] == ["naive", "peer_batching"]
     assert all(s.is_peer and not s.is_ge for s in scenarios.PEERS.values())

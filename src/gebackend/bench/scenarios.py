@@ -10,8 +10,9 @@ The ladder, each rung adding one thing to the one before:
   ge_int8        + precision_mode=int8 (ONNX Runtime dynamic quantization)
 Side scenarios: ge_openvino (ge_batching on the OpenVINO engine, fp32), ge_delay_2ms (ge_dynamic with a
 2 ms max_queue_delay: the low-concurrency batching-delay trap of docs/tuning.md), ge_dyn_batching /
-ge_dyn_pinned (the batching and pinned rungs on the dynamic graph), and ge_int8_static / ge_openvino_int8
-(ge_pinned with static, calibrated int8: ONNX Runtime's QDQ, and NNCF's QDQ on OpenVINO).
+ge_dyn_pinned (the batching and pinned rungs on the dynamic graph), ge_dyn_lend (ge_dyn_pinned with
+lend_idle_cores), and ge_int8_static / ge_openvino_int8 (ge_pinned with static, calibrated int8: ONNX Runtime's
+QDQ, and NNCF's QDQ on OpenVINO).
 
 The peer (gebackend.bench.peer; only where Triton's C++ onnxruntime backend is installed, nothing of it is shipped):
   peer           the same model and ONNX file on Triton's onnxruntime backend: 1 instance, no dynamic batching
@@ -121,8 +122,12 @@ def _ladder() -> list[Scenario]:
     buckets_only = replace(static, name="ge_static_buckets_only",
                            title="ge_static, buckets only (bucket_plan=buckets: no batch size on the dynamic graph)",
                            options=(("bucket_plan", "buckets"),))
+    # The pinned instances lending their idle cores to each other (runtime/lending.py); alone among pinned scenarios in
+    # an --interleave server, or the ledger makes their cores shared and they lend nothing
+    lend = replace(dyn_pinned, name="ge_dyn_lend", options=(("lend_idle_cores", "on"),),
+                   title="ge_dyn_pinned + lend_idle_cores (a batch runs on an idle sibling's core too)")
     return [naive, dynamic, static, batching, pinned, bf16, int8, openvino, delay, dyn_batching, dyn_pinned,
-            int8_static, openvino_int8, trim, trim_pinned, int8_trim, own_pools, buckets_only]
+            int8_static, openvino_int8, trim, trim_pinned, int8_trim, own_pools, buckets_only, lend]
 
 
 def _peers(batching: Scenario) -> list[Scenario]:
