@@ -176,3 +176,28 @@ def test_the_loader_lends_nothing_without_the_servers_folder_or_on_a_static_grap
     executor, _ = load_executor(_add_mul_spec(tmp_path), log=said.append, lending=Lending(0, 2, (0,), (1,)))
     assert isinstance(executor.runner, DynamicRunner) and said[0].startswith(
         "lend_idle_cores=on: lends nothing: the instances' board cannot be made: ")
+
+
+def test_an_engine_that_cannot_take_the_borrowed_cores_leaves_the_model_loading_without_them(tmp_path, monkeypatch):
+    from gebackend.errors import ModelLoadError
+    from gebackend.runtime import loader
+    from gebackend.runtime.runners import DynamicRunner
+
+    made = []
+
+    def create(spec, providers):
+        if spec.options.session.intra_op_thread_affinities:
+            raise ModelLoadError("ONNX Runtime cannot load model.onnx: affinity refused")
+        made.append(spec)
+        return original(spec, providers)
+
+    original = loader.create_engine
+    monkeypatch.setattr(loader, "create_engine", create)
+    monkeypatch.setenv("GE_CONTROL_DIR", str(tmp_path / "control"))
+    said = []
+    executor, how = loader.load_executor(_add_mul_spec(tmp_path), log=said.append, lending=Lending(0, 2, (0,), (1,)))
+    assert isinstance(executor.runner, DynamicRunner) and "lend_idle_cores" not in how and len(made) == 1
+    assert said == ["lend_idle_cores=on: lends nothing: the engine on the borrowed cores did not load: ONNX Runtime "
+                    "cannot load model.onnx: affinity refused"]
+    out = executor.execute([{"x": np.ones((1, 4), np.float32), "y": np.ones((1, 4), np.float32)}])[0]
+    np.testing.assert_allclose(out["sum"], 2.0)

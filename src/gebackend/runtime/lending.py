@@ -69,7 +69,7 @@ def plan_lending(plan: PinPlan, cores_per_instance: int) -> tuple[Lending | None
     if plan.shared:
         return None, "instances share cores here, so none is idle while another runs"
     planned = plan_cpus(plan.index, plan.total, plan.usable, cores_per_instance)
-    if tuple(planned.cpus) != tuple(plan.cpus):
+    if set(planned.cpus) != set(plan.cpus):
         return None, (f"this instance runs on CPU(s) {format_cpu_list(plan.cpus)}, not its planned "
                       f"{format_cpu_list(planned.cpus)} (other models hold those)")
     others: list[int] = []
@@ -170,4 +170,4 @@ def lending_options(options, lending: Lending):
                            allow_spinning="on", force_spinning_stop="on")
 
 
-__all__ = ["BOARD_PREFIX", "BusyBoard", "Lending", "LendingRunner", "lending_options", "plan_lending"]
+__all__ = ["BOARD_PREFIX", "BusyBoard", "Lending", "LendingRunner", "lending_options", "plan_lending", "why_not_lent"]

@@ -141,7 +141,7 @@ def _lendable(spec: ModelSpec, providers: Sequence, lending, log: Callable[[str]
 def _lending_runner(spec: ModelSpec, providers: Sequence, own: DynamicRunner, lending, output_names,
                     log: Callable[[str], None]):
     """`own` beside a runner whose engine also has threads on the borrowed cores, switched by the model's board;
-    `own` alone where the board cannot be made."""
+    `own` alone where the board or that engine cannot be made."""
     from gebackend.runtime.lending import BusyBoard, LendingRunner, lending_options
 
     try:
@@ -150,7 +150,12 @@ def _lending_runner(spec: ModelSpec, providers: Sequence, own: DynamicRunner, le
         log(f"lend_idle_cores=on: lends nothing: the instances' board cannot be made: {exc}")
         return own
     lent_spec = dataclasses.replace(spec, options=lending_options(spec.options, lending))
-    lent = DynamicRunner(spec.name, create_engine(lent_spec, providers), output_names)
+    try:
+        lent = DynamicRunner(spec.name, create_engine(lent_spec, providers), output_names)
+    except GeBackendError as exc:  # the model loads as it would without lending
+        board.close()
+        log(f"lend_idle_cores=on: lends nothing: the engine on the borrowed cores did not load: {exc}")
+        return own
     return LendingRunner(own, lent, board)
 
 
