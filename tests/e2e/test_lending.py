@@ -92,8 +92,9 @@ def test_each_instance_lends_its_core_and_borrows_the_others_while_idle(lending_
         got = infer(server, "grpc", "lending", feeds)
         for output, want in zip(names, session.run(names, feeds)):
             np.testing.assert_allclose(got.as_numpy(output), want, rtol=1e-4, atol=1e-5)
-    ran = {name: sum(_threads(pid)[tid][1] - before[name][tid][1] for tid in borrowed[name] if tid in _threads(pid))
-           for name, pid in stubs.items()}
+    after = {name: _threads(pid) for name, pid in stubs.items()}
+    ran = {name: sum(after[name][tid][1] - before[name][tid][1] for tid in borrowed[name] if tid in after[name])
+           for name in stubs}
     assert sum(ran.values()) > 0, ran  # the borrowing engine ran, on the other instance's core
 
 

@@ -33,6 +33,8 @@ def test_what_is_borrowed_is_the_other_instances_planned_cores():
 
 def test_nothing_is_lent_where_no_core_is_an_idle_siblings():
     assert plan_lending(plan_cpus(0, 1, (0, 1)), 0)[0] is None  # one instance
+    lending, why = plan_lending(None, 0)  # not pinned
+    assert lending is None and why.startswith("only pinned instances lend")
     lending, why = plan_lending(plan_cpus(0, 3, (0, 1)), 0)
     assert lending is None and "share cores" in why
     moved = replace(plan_cpus(0, 2, (0, 1, 2, 3)), cpus=(2, 3))  # the core ledger put it beside another model

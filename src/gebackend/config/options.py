@@ -111,8 +111,9 @@ def _choice(mapping: Mapping[str, str]) -> Callable[[str], str]:
 
 
 # a bool spelled any way _bool takes it, read as "on" / "off" (lend_idle_cores); with "auto" too (pin_instances, ...)
-_on_off = _choice({**{k: "on" for k in _TRUE}, **{k: "off" for k in _FALSE}})
-_auto_bool = _choice({"auto": "auto", **{k: "on" for k in _TRUE}, **{k: "off" for k in _FALSE}})
+_ON_OFF = {**{k: "on" for k in _TRUE}, **{k: "off" for k in _FALSE}}
+_on_off = _choice(_ON_OFF)
+_auto_bool = _choice({"auto": "auto", **_ON_OFF})
 
 
 # Our names, and Ascend ge-backend's precision_mode_v2 values that mean the same on these engines.

@@ -175,10 +175,7 @@ def _pin(name: str, instance: InstanceInfo, config: Mapping[str, Any], options, 
         plan = plan_for_instance(name, instance.name, config, options.instances.pin_instances,
                                  options.instances.cores_per_instance, instance.device_id)
         if plan is None:
-            if options.instances.lend_idle_cores == "on":
-                log.warn(f"gebackend: model '{name}': lend_idle_cores=on: lends nothing: only pinned instances lend "
-                         f"(this one is not: one instance without cores_per_instance, or pin_instances=off)")
-            return _sized_to_allowance(name, options, log), None, None
+            return _sized_to_allowance(name, options, log), None, _lending(name, None, options, log)
         control = control_dir()
         if control is not None:  # under `gebackend serve`: take the cores other models left free
             ledger = CoreLedger(control)
@@ -198,15 +195,15 @@ def _pin(name: str, instance: InstanceInfo, config: Mapping[str, Any], options, 
 
 
 def _lending(name: str, plan, options, log: InstanceLog):
-    """What this pinned instance borrows while its siblings idle (runtime/lending.py), or None; `lend_idle_cores=on`
-    that cannot be met says why."""
+    """What this instance (pinned by `plan`, or None) borrows while its siblings idle (runtime/lending.py), or None;
+    `lend_idle_cores=on` that cannot be met says why."""
     if options.instances.lend_idle_cores != "on":
         return None
-    from gebackend.runtime.lending import plan_lending
+    from gebackend.runtime.lending import plan_lending, refused
 
     lending, why = plan_lending(plan, options.instances.cores_per_instance)
     if lending is None:
-        log.warn(f"gebackend: model '{name}': lend_idle_cores=on: lends nothing: {why}")
+        log.warn(f"gebackend: model '{name}': {refused(why)}")
     return lending
 
 

@@ -58,12 +58,20 @@ class Lending:
                 f"{format_cpu_list(self.own)}")
 
 
-def plan_lending(plan: PinPlan, cores_per_instance: int) -> tuple[Lending | None, str]:
-    """What the instance pinned by `plan` may borrow, or None and why not.
+def refused(why: str) -> str:
+    """The log line of a `lend_idle_cores=on` that lends nothing, and why."""
+    return f"lend_idle_cores=on: lends nothing: {why}"
+
+
+def plan_lending(plan: PinPlan | None, cores_per_instance: int) -> tuple[Lending | None, str]:
+    """What the instance pinned by `plan` (None: not pinned) may borrow, or None and why not.
 
     The other instances' cores are their planned ones (`pinning.plan_cpus`, the same for every instance of the model);
     an instance whose cores are not its planned ones (the server's core ledger moved it beside another model) or that
     shares a core lends nothing, since its neighbours' cores are then not the model's alone."""
+    if plan is None:
+        return None, ("only pinned instances lend (this one is not: one instance without cores_per_instance, or "
+                      "pin_instances=off)")
     if plan.total < 2:
         return None, "a single instance has no other instance's cores to borrow"
     if plan.shared:
@@ -170,4 +178,5 @@ def lending_options(options, lending: Lending):
                            allow_spinning="on", force_spinning_stop="on")
 
 
-__all__ = ["BOARD_PREFIX", "BusyBoard", "Lending", "LendingRunner", "lending_options", "plan_lending", "why_not_lent"]
+__all__ = ["BOARD_PREFIX", "BusyBoard", "Lending", "LendingRunner", "lending_options", "plan_lending", "refused",
+           "why_not_lent"]

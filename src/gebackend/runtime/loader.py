@@ -42,6 +42,8 @@ def load_executor(
         spec, precision = _lower(spec, engine_kind, log)
     # the fp32 file a lowered model's answers are compared through (trim_padding's and the bucket padding's checks)
     fp32 = original if spec.options.engines.precision_mode != "origin" else None
+    if lending is not None:
+        lending = _lendable(spec, providers, lending, log)
     if spec.options.static.trim_padding is None:
         executor, how = _build(spec, providers, log, fp32, lending)
         return executor, f"{precision}{how}"
@@ -105,8 +107,6 @@ def _fp32(spec: ModelSpec, log: Callable[[str], None], why: str) -> tuple[ModelS
 def _build(spec: ModelSpec, providers: Sequence, log: Callable[[str], None],
            fp32: Path | None = None, lending=None) -> tuple[Executor, str]:
     output_names = [t.name for t in spec.outputs]
-    if lending is not None:
-        lending = _lendable(spec, providers, lending, log)
     if not spec.static:
         engine = create_engine(spec, providers)
         own = DynamicRunner(spec.name, engine, output_names)
@@ -128,13 +128,13 @@ def _build(spec: ModelSpec, providers: Sequence, log: Callable[[str], None],
 
 def _lendable(spec: ModelSpec, providers: Sequence, lending, log: Callable[[str], None]):
     """`lending` where this engine, provider and graph mode can borrow cores, else None (and the log says why)."""
-    from gebackend.runtime.lending import why_not_lent
+    from gebackend.runtime.lending import refused, why_not_lent
 
     why = why_not_lent(spec.options, engine_name(spec.options.engines), as_selection(providers).kind.name, spec.static,
                        control_dir())
     if not why:
         return lending
-    log(f"lend_idle_cores=on: lends nothing: {why}")
+    log(refused(why))
     return None
 
 
@@ -142,19 +142,19 @@ def _lending_runner(spec: ModelSpec, providers: Sequence, own: DynamicRunner, le
                     log: Callable[[str], None]):
     """`own` beside a runner whose engine also has threads on the borrowed cores, switched by the model's board;
     `own` alone where the board or that engine cannot be made."""
-    from gebackend.runtime.lending import BusyBoard, LendingRunner, lending_options
+    from gebackend.runtime.lending import BusyBoard, LendingRunner, lending_options, refused
 
     try:
         board = BusyBoard(control_dir(), spec.name, lending.index, lending.total)
     except (OSError, ValueError) as exc:
-        log(f"lend_idle_cores=on: lends nothing: the instances' board cannot be made: {exc}")
+        log(refused(f"the instances' board cannot be made: {exc}"))
         return own
     lent_spec = dataclasses.replace(spec, options=lending_options(spec.options, lending))
     try:
         lent = DynamicRunner(spec.name, create_engine(lent_spec, providers), output_names)
     except GeBackendError as exc:  # the model loads as it would without lending
         board.close()
-        log(f"lend_idle_cores=on: lends nothing: the engine on the borrowed cores did not load: {exc}")
+        log(refused(f"the engine on the borrowed cores did not load: {exc}"))
         return own
     return LendingRunner(own, lent, board)
 
