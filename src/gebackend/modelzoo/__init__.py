@@ -19,9 +19,13 @@ from .misc import (
     build_spin,
 )
 from .resnet import build_resnet
+from .stateful import ACCUMULATOR_CONTROLS, accumulator_reference, build_accumulator, build_streaming_gru
 
 __all__ = [
+    "ACCUMULATOR_CONTROLS",
     "EXAMPLE_MODELS",
+    "accumulator_reference",
+    "build_accumulator",
     "build_add_mul",
     "build_bert",
     "build_constant_of_shape_weight",
@@ -32,6 +36,7 @@ __all__ = [
     "build_resnet",
     "build_row_scale",
     "build_spin",
+    "build_streaming_gru",
 ]
 
 #: Example model directory name -> builder producing its ``1/model.onnx``.
