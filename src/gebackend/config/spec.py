@@ -14,6 +14,7 @@ from typing import Any, Mapping, Sequence
 from gebackend.config import dtypes
 from gebackend.config.onnx_signature import Dim, OnnxTensor, Signature
 from gebackend.config.options import BackendOptions, model_parameters, parse_options
+from gebackend.config.sequence import SequenceSpec, check_against, sequence_spec
 from gebackend.config.static_shapes import Shapes, check_paddable, compiled_shapes
 from gebackend.errors import ConfigError
 
@@ -49,6 +50,14 @@ class Reconciled:
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
     enable_dynamic_batching: bool
+    sequence: SequenceSpec | None = None  # sequence_batching: inputs Triton fills, states carried between requests
+
+    def completes(self, kind: str, name: str) -> bool:
+        """Whether auto-complete writes this tensor into config.pbtxt: not the inputs Triton fills for a sequence
+        model (controls, input states) nor its output states unless listed (clients neither send nor get them)."""
+        if self.sequence is None:
+            return True
+        return name not in (self.sequence.provided_inputs if kind == "input" else self.sequence.hidden_outputs)
 
 
 @dataclass(frozen=True)
@@ -60,6 +69,7 @@ class ModelSpec:
     outputs: tuple[TensorSpec, ...]
     options: BackendOptions
     static_shapes: tuple[dict[str, tuple[int, ...]], ...] = ()  # compiled shapes; empty in dynamic graph mode
+    sequence: SequenceSpec | None = None  # a stateful model's sequence_batching (config/sequence.py)
 
     @property
     def batching(self) -> bool:
@@ -157,8 +167,11 @@ def _show(shape: Sequence[Dim]) -> str:
 
 
 def _pair(
-    model: str, kind: str, entries: Sequence[Mapping[str, Any]], onnx_tensors: Sequence[OnnxTensor], fill: bool
+    model: str, kind: str, entries: Sequence[Mapping[str, Any]], onnx_tensors: Sequence[OnnxTensor], fill: bool,
+    implied: frozenset[str] = frozenset(),
 ) -> list[tuple[Mapping[str, Any] | None, OnnxTensor]]:
+    """Each config entry with its ONNX tensor, then the tensors the config omits: all of them with `fill`, else
+    only the `implied` ones (a sequence model's controls and states, which config.pbtxt never lists)."""
     by_name = {t.name: t for t in onnx_tensors}
     pairs = []
     for entry in entries:
@@ -171,6 +184,9 @@ def _pair(
         pairs.append((entry, by_name[name]))
     declared = {entry.get("name") for entry in entries}
     missing = [t for t in onnx_tensors if t.name not in declared]
+    if not fill and entries:
+        pairs.extend((None, t) for t in missing if t.name in implied)
+        missing = [t for t in missing if t.name not in implied]
     if kind == "input" and missing and entries and not fill:
         raise ConfigError(
             f"model '{model}': config.pbtxt omits input(s) {[t.name for t in missing]} that the ONNX file requires"
@@ -188,8 +204,13 @@ def reconcile(
     With `fill`, tensors the config omits are taken from the ONNX file (auto-complete); without it
     (after Triton has completed the config) an omitted required input is an error.
     """
-    inputs = _pair(model, "input", config.get("input") or [], signature.inputs, fill)
-    outputs = _pair(model, "output", config.get("output") or [], signature.outputs, fill)
+    sequence = sequence_spec(model, config)
+    if sequence is not None:
+        check_against(model, sequence, signature.inputs, signature.outputs)
+    inputs = _pair(model, "input", config.get("input") or [], signature.inputs, fill,
+                   sequence.provided_inputs if sequence else frozenset())
+    outputs = _pair(model, "output", config.get("output") or [], signature.outputs, fill,
+                    sequence.hidden_outputs if sequence else frozenset())
     batching = _decide_batching(model, config, inputs + outputs)
     max_batch_size = int(config.get("max_batch_size") or 0)
     if batching and max_batch_size == 0:
@@ -200,6 +221,7 @@ def reconcile(
         inputs=tuple(_merge_tensor(model, "input", e, t, batching) for e, t in inputs),
         outputs=tuple(_merge_tensor(model, "output", e, t, batching) for e, t in outputs),
         enable_dynamic_batching=enable_dynamic,
+        sequence=sequence,
     )
 
 
@@ -216,7 +238,8 @@ def build_model_spec(
         )
     shapes = compiled_shapes(name, result.max_batch_size, result.inputs, options)
     check_paddable(name, result.inputs, options)
-    return ModelSpec(name, path, result.max_batch_size, result.inputs, result.outputs, options, tuple(shapes))
+    return ModelSpec(name, path, result.max_batch_size, result.inputs, result.outputs, options, tuple(shapes),
+                     result.sequence)
 
 
 def shapes_from_config(config: Mapping, signature: Signature) -> list[Shapes]:

@@ -30,6 +30,7 @@ from gebackend.profiling.dump_data import FirstRequestDump, first_request_dump
 from gebackend.control.core_ledger import CoreLedger
 from gebackend.runtime.executor import Executor
 from gebackend.runtime.loader import load_executor
+from gebackend.runtime.sequence_state import SequenceKey, SequenceStates
 from gebackend.control.heartbeat import Heartbeat
 from gebackend.control.timing_lock import loading
 from gebackend.control.env import control_dir, server_temp_parent
@@ -74,6 +75,8 @@ class ModelInstance:
         self.ledger = ledger
         self.dump = dump  # dump_data=1: writes the first request's every node input and output, then None
         self._log = log
+        # a stateful model's sequences (sequence_batching with `state`): their states between requests
+        self.sequences = SequenceStates(spec.name, spec.sequence) if spec.sequence and spec.sequence.states else None
 
     @classmethod
     def load(cls, config: Mapping[str, Any], version_dir: Path, instance: InstanceInfo, log: InstanceLog,
@@ -114,16 +117,27 @@ class ModelInstance:
         dump = first_request_dump(spec, instance.name, say)
         return cls(spec, executor, how, seconds, instance.name, profiling, _heartbeat(spec), ledger, dump, log)
 
-    def execute(self, batch: Sequence[Mapping[str, np.ndarray]]) -> list:
+    def execute(self, batch: Sequence[Mapping[str, np.ndarray]], keys: Sequence[SequenceKey] | None = None) -> list:
         """One batch of requests (each its feeds by input name) -> per request its outputs by name, or the exception
-        that request failed with (`InvalidRequest`: the request's fault)."""
-        if self.heartbeat is None:
-            return self._execute(batch)
-        self.heartbeat.enter()
+        that request failed with (`InvalidRequest`: the request's fault). `keys`: each request's sequence, for a
+        model with implicit state (`self.sequences`)."""
+        if self.heartbeat is not None:
+            self.heartbeat.enter()
         try:
-            return self._execute(batch)
+            if self.sequences is None or keys is None:
+                return self._execute(batch)
+            return self._execute_in_sequences(batch, keys)
         finally:
-            self.heartbeat.leave()
+            if self.heartbeat is not None:
+                self.heartbeat.leave()
+
+    def _execute_in_sequences(self, batch: Sequence[Mapping[str, np.ndarray]], keys: Sequence[SequenceKey]) -> list:
+        fed = self.sequences.feed(batch, keys)
+        runnable = [i for i, f in enumerate(fed) if not isinstance(f, BaseException)]
+        results: list = list(fed)
+        for index, result in zip(runnable, self._execute([fed[i] for i in runnable]) if runnable else []):
+            results[index] = result
+        return self.sequences.keep(results, keys)
 
     def _execute(self, batch: Sequence[Mapping[str, np.ndarray]]) -> list:
         started = time.monotonic_ns()

@@ -20,6 +20,7 @@ from gebackend.config.onnx_signature import read_signature
 from gebackend.config.spec import reconcile
 from gebackend.errors import GeBackendError, InvalidRequest, named
 from gebackend.runtime.instance import InstanceInfo, ModelInstance, parsed_options
+from gebackend.runtime.sequence_state import SequenceKey
 from gebackend.triton.metrics import BackendMetrics
 
 
@@ -38,6 +39,8 @@ def auto_complete(auto_complete_model_config: Any, pb_utils: Any) -> Any:
     for kind, tensor, add in [("input", t, auto_complete_model_config.add_input) for t in result.inputs] + [
         ("output", t, auto_complete_model_config.add_output) for t in result.outputs
     ]:
+        if not result.completes(kind, tensor.name):
+            continue
         entry = tensor.config_entry()
         if declared.get(tensor.name, {}).get("dims"):
             entry["dims"] = list(declared[tensor.name]["dims"])  # keep what the user wrote
@@ -94,7 +97,10 @@ class ServedModel:
         pb = self.pb
         batch = [{(name := t.name()): self._to_model(name, _to_engine(t.as_numpy())) for t in request.inputs()}
                  for request in requests]
-        results = self.instance.execute(batch)
+        keys = None
+        if self.instance.sequences is not None:  # a stateful model: which sequence each request continues
+            keys = [SequenceKey(request.correlation_id(), request.flags()) for request in requests]
+        results = self.instance.execute(batch, keys)
         responses = []
         for request, result in zip(requests, results):
             if isinstance(result, BaseException):
