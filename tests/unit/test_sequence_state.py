@@ -193,3 +193,19 @@ def test_sequences_idle_past_twice_triton_s_timeout_are_forgotten(states):
     assert len(store) == 1
     assert isinstance(store.feed([request(np.ones((1, 4), np.float32), 0, 0)], [SequenceKey("old")])[0], InvalidRequest)
 
+
+def test_tune_refuses_a_stateful_model_saying_why(tmp_path, capsys):
+    import onnx
+
+    from gebackend.cli.main import main
+    from gebackend.tune.tuned_model import TunedModel
+
+    folder = tmp_path / "acc"
+    (folder / "1").mkdir(parents=True)
+    onnx.save(build_accumulator(), str(folder / "1" / "model.onnx"))
+    (folder / "config.pbtxt").write_text('name: "acc"\nbackend: "ge"\nmax_batch_size: 4\n' + SEQUENCE)
+    with pytest.raises(ConfigError, match=r"model 'acc' uses sequence_batching \(a stateful model\); tune searches "
+                                          r"stateless configs only"):
+        TunedModel.load(folder)
+    assert main(["tune", str(folder), "--out", str(tmp_path / "out")]) == 2
+    assert "gebackend tune: model 'acc' uses sequence_batching" in capsys.readouterr().err

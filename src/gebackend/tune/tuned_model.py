@@ -10,6 +10,7 @@ from typing import Mapping, Sequence
 
 from gebackend.bench.models import BenchInput, BenchModel
 from gebackend.config.spec import TensorSpec
+from gebackend.errors import ConfigError
 
 DEFAULT_MAX_BATCH_SIZE = 8  # what the backend gives a batching model whose config does not say (default_max_batch_size)
 VARIABLE_DIM = 16  # a variable non-batch dim is sent as this size (compile.accuracy.random_feeds' default)
@@ -53,6 +54,11 @@ class TunedModel:
             raise FileNotFoundError(f"{model_dir} has no version folder (1/model.onnx)")
         onnx_path = find_model_file(versions[-1], config.get("default_model_filename", ""))
         name = config["name"]
+        if "sequence_batching" in config:
+            raise ConfigError(
+                f"model '{name}' uses sequence_batching (a stateful model); tune searches stateless configs only: its "
+                f"batching rungs are the dynamic batcher's, which Triton does not combine with the sequence batcher. "
+                f"Measure it with perf_analyzer (it sends sequences to such a model by itself)")
         rec = reconcile(name, config, read_signature(onnx_path), DEFAULT_MAX_BATCH_SIZE, fill=True)
         problem = ""
         for t in rec.inputs:
