@@ -43,8 +43,8 @@ def test_the_section_reads_into_controls_states_and_the_idle_time(tmp_path):
     assert [(c.name, c.kind, c.dtype.triton) for c in spec.controls] == [
         ("START", "CONTROL_SEQUENCE_START", "TYPE_INT32"), ("END", "CONTROL_SEQUENCE_END", "TYPE_INT32"),
         ("READY", "CONTROL_SEQUENCE_READY", "TYPE_FP32"), ("CORRID", "CONTROL_SEQUENCE_CORRID", "TYPE_UINT64")]
-    assert [(s.input_name, s.output_name, s.dtype.triton, s.returned) for s in spec.states] == [
-        ("INPUT_STATE", "OUTPUT_STATE", "TYPE_FP32", False)]
+    assert [(s.input_name, s.output_name, s.dtype.triton, s.dims, s.returned) for s in spec.states] == [
+        ("INPUT_STATE", "OUTPUT_STATE", "TYPE_FP32", (4,), False)]
     assert spec.idle_seconds == 5.0
     assert spec.provided_inputs == {"START", "END", "READY", "CORRID", "INPUT_STATE"}
     assert spec.hidden_outputs == {"OUTPUT_STATE"}
@@ -87,6 +87,9 @@ def test_the_completed_config_builds_a_spec_with_every_onnx_input(tmp_path, sign
     (("int32_false_true: [ 0, 1 ] } ] },\n    { name: \"END\"", "} ] },\n    { name: \"END\""),
      r"sequence control 'START' \(CONTROL_SEQUENCE_START\) gives none of \['int32_false_true'"),
     (("data_type: TYPE_FP32 dims: [ 4 ] }", "dims: [ 4 ] }"), r"state 'INPUT_STATE': data type 'TYPE_INVALID' is not supported"),
+    (("dims: [ 4 ] }", "dims: [ 8 ] }"),
+     r"input state 'INPUT_STATE' has dims \[8\] in sequence_batching but \[4\] \(after the batch dim\) in the ONNX file"),
+    (("dims: [ 4 ] }", "dims: [ 1, 4 ] }"), r"input state 'INPUT_STATE' has dims \[1, 4\] in sequence_batching but \[4\]"),
 ])
 def test_a_section_that_contradicts_the_file_is_refused_naming_what(tmp_path, signature, change, message):
     with pytest.raises(ConfigError, match=message):

@@ -44,6 +44,7 @@ class State:
     input_name: str
     output_name: str
     dtype: dtypes.DType
+    dims: tuple[int, ...]  # without the batch dim; -1: any size
     returned: bool  # the output state is also listed in config.pbtxt `output`, so a client may request it
 
 
@@ -79,7 +80,8 @@ def sequence_spec(model: str, config: Mapping[str, Any]) -> SequenceSpec | None:
     for entry in section.get("state") or []:
         dtype = _dtype(model, f"state '{entry.get('input_name', '')}'", entry.get("data_type") or "TYPE_INVALID")
         output = entry.get("output_name", "")
-        states.append(State(entry.get("input_name", ""), output, dtype, output in declared_outputs))
+        dims = tuple(int(d) for d in entry.get("dims") or [])
+        states.append(State(entry.get("input_name", ""), output, dtype, dims, output in declared_outputs))
     idle_us = int(section.get("max_sequence_idle_microseconds") or 0) or DEFAULT_IDLE_US
     return SequenceSpec(tuple(controls), tuple(states), idle_us / 1e6)
 
@@ -101,16 +103,16 @@ def _dtype(model: str, where: str, name: str) -> dtypes.DType:
         raise ConfigError(f"model '{model}': {where}: {exc}") from None
 
 
-def check_against(model: str, spec: SequenceSpec, inputs: Sequence[Any], outputs: Sequence[Any]) -> None:
-    """Refuse a control or state that the ONNX file lacks or types differently (`inputs`/`outputs`: its tensors,
-    each with `name` and `dtype`)."""
+def check_against(model: str, spec: SequenceSpec, inputs: Sequence[Any], outputs: Sequence[Any], batching: bool) -> None:
+    """Refuse a control or state that the ONNX file lacks, types differently, or (a state) shapes differently
+    (`inputs`/`outputs`: its tensors, each with `name`, `dtype` and `shape`; `batching`: dim 0 is the batch)."""
     by_input = {t.name: t for t in inputs}
     by_output = {t.name: t for t in outputs}
-    wanted = [("sequence control", c.name, c.dtype, by_input, "input") for c in spec.controls]
+    wanted = [("sequence control", c.name, c.dtype, None, by_input, "input") for c in spec.controls]
     for state in spec.states:
-        wanted.append(("input state", state.input_name, state.dtype, by_input, "input"))
-        wanted.append(("output state", state.output_name, state.dtype, by_output, "output"))
-    for what, name, dtype, tensors, kind in wanted:
+        wanted.append(("input state", state.input_name, state.dtype, state.dims, by_input, "input"))
+        wanted.append(("output state", state.output_name, state.dtype, state.dims, by_output, "output"))
+    for what, name, dtype, dims, tensors, kind in wanted:
         tensor = tensors.get(name)
         if tensor is None:
             raise ConfigError(
@@ -119,5 +121,14 @@ def check_against(model: str, spec: SequenceSpec, inputs: Sequence[Any], outputs
         if tensor.dtype != dtype:
             raise ConfigError(
                 f"model '{model}': {what} '{name}' is {dtype.triton} in sequence_batching but {tensor.dtype.triton} "
+                f"in the ONNX file"
+            )
+        onnx_dims = tuple(tensor.shape[1:] if batching else tensor.shape)
+        if dims is not None and (len(dims) != len(onnx_dims) or any(
+                isinstance(o, int) and d != -1 and d != o for d, o in zip(dims, onnx_dims))):
+            shown = "[" + ", ".join(str(o) if isinstance(o, int) else "?" for o in onnx_dims) + "]"
+            batch = " (after the batch dim)" if batching else ""
+            raise ConfigError(
+                f"model '{model}': {what} '{name}' has dims {list(dims)} in sequence_batching but {shown}{batch} "
                 f"in the ONNX file"
             )

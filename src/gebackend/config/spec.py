@@ -170,8 +170,8 @@ def _pair(
     model: str, kind: str, entries: Sequence[Mapping[str, Any]], onnx_tensors: Sequence[OnnxTensor], fill: bool,
     implied: frozenset[str] = frozenset(),
 ) -> list[tuple[Mapping[str, Any] | None, OnnxTensor]]:
-    """Each config entry with its ONNX tensor, then the tensors the config omits: all of them with `fill`, else
-    only the `implied` ones (a sequence model's controls and states, which config.pbtxt never lists)."""
+    """Each config entry with its ONNX tensor, then the tensors the config omits: all of them with `fill` or when it
+    lists none, else only the `implied` ones (a sequence model's controls and states, which config.pbtxt never lists)."""
     by_name = {t.name: t for t in onnx_tensors}
     pairs = []
     for entry in entries:
@@ -205,13 +205,13 @@ def reconcile(
     (after Triton has completed the config) an omitted required input is an error.
     """
     sequence = sequence_spec(model, config)
-    if sequence is not None:
-        check_against(model, sequence, signature.inputs, signature.outputs)
     inputs = _pair(model, "input", config.get("input") or [], signature.inputs, fill,
                    sequence.provided_inputs if sequence else frozenset())
     outputs = _pair(model, "output", config.get("output") or [], signature.outputs, fill,
                     sequence.hidden_outputs if sequence else frozenset())
     batching = _decide_batching(model, config, inputs + outputs)
+    if sequence is not None:
+        check_against(model, sequence, signature.inputs, signature.outputs, batching)
     max_batch_size = int(config.get("max_batch_size") or 0)
     if batching and max_batch_size == 0:
         max_batch_size = default_max_batch_size
