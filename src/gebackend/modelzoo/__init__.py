@@ -18,12 +18,14 @@ from .misc import (
     build_row_scale,
     build_spin,
 )
+from .ragged import RAGGED_SUM_CONFIG, build_ragged_sum
 from .resnet import build_resnet
 from .stateful import ACCUMULATOR_CONTROLS, accumulator_reference, build_accumulator, build_streaming_gru
 
 __all__ = [
     "ACCUMULATOR_CONTROLS",
     "EXAMPLE_MODELS",
+    "RAGGED_SUM_CONFIG",
     "accumulator_reference",
     "build_accumulator",
     "build_add_mul",
@@ -33,6 +35,7 @@ __all__ = [
     "build_identity_fixed",
     "build_mod_constant",
     "build_nonzero",
+    "build_ragged_sum",
     "build_resnet",
     "build_row_scale",
     "build_spin",
