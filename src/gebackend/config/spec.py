@@ -14,7 +14,10 @@ from typing import Any, Mapping, Sequence
 from gebackend.config import dtypes
 from gebackend.config.onnx_signature import Dim, OnnxTensor, Signature
 from gebackend.config.options import BackendOptions, model_parameters, parse_options
-from gebackend.config.sequence import SequenceSpec, check_against, sequence_spec
+from gebackend.config import ragged as ragged_config
+from gebackend.config import sequence as sequence_config
+from gebackend.config.ragged import RaggedSpec
+from gebackend.config.sequence import SequenceSpec
 from gebackend.config.static_shapes import Shapes, check_paddable, compiled_shapes
 from gebackend.errors import ConfigError
 
@@ -51,6 +54,7 @@ class Reconciled:
     outputs: tuple[TensorSpec, ...]
     enable_dynamic_batching: bool
     sequence: SequenceSpec | None = None  # sequence_batching: inputs Triton fills, states carried between requests
+    ragged: RaggedSpec | None = None  # ragged inputs and the batch inputs computed for them (config/ragged.py)
 
     def completes(self, kind: str, name: str) -> bool:
         """Whether auto-complete writes this tensor into config.pbtxt: not the inputs Triton fills for a sequence
@@ -70,6 +74,8 @@ class ModelSpec:
     options: BackendOptions
     static_shapes: tuple[dict[str, tuple[int, ...]], ...] = ()  # compiled shapes; empty in dynamic graph mode
     sequence: SequenceSpec | None = None  # a stateful model's sequence_batching (config/sequence.py)
+    # ragged inputs (flattened across a batch) and batch inputs (computed per batch, not in `inputs`)
+    ragged: RaggedSpec | None = None
 
     @property
     def batching(self) -> bool:
@@ -123,7 +129,8 @@ def _decide_batching(
     return True
 
 
-def _merge_tensor(model: str, kind: str, entry: Mapping[str, Any] | None, tensor: OnnxTensor, batching: bool) -> TensorSpec:
+def _merge_tensor(model: str, kind: str, entry: Mapping[str, Any] | None, tensor: OnnxTensor, batching: bool,
+                  ragged: frozenset[str] = frozenset()) -> TensorSpec:
     onnx_dims: tuple[Dim, ...] = tensor.shape[1:] if batching else tensor.shape
     if entry is not None:
         declared = entry.get("data_type")
@@ -133,6 +140,8 @@ def _merge_tensor(model: str, kind: str, entry: Mapping[str, Any] | None, tensor
                 f"but {tensor.dtype.triton} in the ONNX file"
             )
     config_dims = _config_dims(entry) if entry else None
+    if tensor.name in ragged and config_dims is not None:  # what a request sends; the model gets it flattened
+        return TensorSpec(tensor.name, tensor.dtype, tuple(config_dims), (None,) * len(config_dims))
     if not batching and not onnx_dims:  # a scalar: [1] on the wire, as the onnxruntime backend serves it
         if config_dims is not None and any(d != 1 for d in config_dims):
             raise ConfigError(
@@ -204,24 +213,31 @@ def reconcile(
     With `fill`, tensors the config omits are taken from the ONNX file (auto-complete); without it
     (after Triton has completed the config) an omitted required input is an error.
     """
-    sequence = sequence_spec(model, config)
-    inputs = _pair(model, "input", config.get("input") or [], signature.inputs, fill,
+    sequence = sequence_config.sequence_spec(model, config)
+    ragged = ragged_config.ragged_spec(model, config)
+    computed = ragged.provided_inputs if ragged else frozenset()  # batch inputs: made per batch, never sent
+    onnx_inputs = [t for t in signature.inputs if t.name not in computed]
+    inputs = _pair(model, "input", config.get("input") or [], onnx_inputs, fill,
                    sequence.provided_inputs if sequence else frozenset())
     outputs = _pair(model, "output", config.get("output") or [], signature.outputs, fill,
                     sequence.hidden_outputs if sequence else frozenset())
     batching = _decide_batching(model, config, inputs + outputs)
     if sequence is not None:
-        check_against(model, sequence, signature.inputs, signature.outputs, batching)
+        sequence_config.check_against(model, sequence, signature.inputs, signature.outputs, batching)
+    if ragged is not None:
+        ragged_config.check_against(model, ragged, config, signature.inputs, batching)
     max_batch_size = int(config.get("max_batch_size") or 0)
     if batching and max_batch_size == 0:
         max_batch_size = default_max_batch_size
     enable_dynamic = batching and not any(k in config for k in _SCHEDULERS)
     return Reconciled(
         max_batch_size=max_batch_size,
-        inputs=tuple(_merge_tensor(model, "input", e, t, batching) for e, t in inputs),
+        inputs=tuple(_merge_tensor(model, "input", e, t, batching, ragged.ragged_inputs if ragged else frozenset())
+                     for e, t in inputs),
         outputs=tuple(_merge_tensor(model, "output", e, t, batching) for e, t in outputs),
         enable_dynamic_batching=enable_dynamic,
         sequence=sequence,
+        ragged=ragged,
     )
 
 
@@ -236,10 +252,14 @@ def build_model_spec(
             f"model '{name}': the ONNX file has a variable batch dim on every tensor but config.pbtxt sets "
             f"max_batch_size: 0 without spelling out full-rank dims; set max_batch_size or the dims"
         )
+    static = options.static
+    if result.ragged is not None and (static.static_model or static.input_shape or static.dynamic_dims):
+        raise ConfigError(f"model '{name}': ragged batching (allow_ragged_batch, batch_input) runs on the dynamic "
+                          f"graph only; remove static_model / the shape buckets")
     shapes = compiled_shapes(name, result.max_batch_size, result.inputs, options)
     check_paddable(name, result.inputs, options)
     return ModelSpec(name, path, result.max_batch_size, result.inputs, result.outputs, options, tuple(shapes),
-                     result.sequence)
+                     result.sequence, result.ragged)
 
 
 def shapes_from_config(config: Mapping, signature: Signature) -> list[Shapes]:

@@ -15,15 +15,16 @@ class BatchSplitError(GeBackendError):
     """An output lost the batch axis, so it cannot be split back per request."""
 
 
-def _key(inputs: Tensors) -> tuple:
-    return tuple((name, inputs[name].dtype.str, inputs[name].shape[1:]) for name in sorted(inputs))
+def _key(inputs: Tensors, ragged: frozenset[str]) -> tuple:
+    return tuple((name, inputs[name].dtype.str, None if name in ragged else inputs[name].shape[1:]) for name in sorted(inputs))
 
 
-def group_compatible(requests: Sequence[Tensors]) -> list[list[int]]:
-    """Indices of requests that can share one run: same inputs, dtypes and non-batch dims, in arrival order."""
+def group_compatible(requests: Sequence[Tensors], ragged: frozenset[str] = frozenset()) -> list[list[int]]:
+    """Indices of requests that can share one run: same inputs, dtypes and non-batch dims (any for the `ragged`
+    inputs, which are flattened into one: runtime/ragged.py), in arrival order."""
     groups: dict[tuple, list[int]] = {}
     for index, inputs in enumerate(requests):
-        groups.setdefault(_key(inputs), []).append(index)
+        groups.setdefault(_key(inputs, ragged), []).append(index)
     return list(groups.values())
 
 

@@ -14,6 +14,7 @@ import numpy as np
 from gebackend.config.spec import ModelSpec
 from gebackend.errors import GeBackendError, InvalidRequest
 from gebackend.runtime import batching
+from gebackend.runtime.ragged import RaggedBatch
 from gebackend.engines.base import Engine
 from gebackend.runtime.runners import DynamicRunner, InternalError
 from gebackend.runtime.validation import RequestValidator
@@ -37,6 +38,9 @@ class Executor:
         self.runner = runner
         self.trim = trim
         self._validator = RequestValidator(spec)
+        ragged = spec.ragged
+        self._ragged_inputs = ragged.ragged_inputs if ragged else frozenset()
+        self._concat = RaggedBatch(ragged, spec.inputs[0].name).concat if ragged else batching.concat
 
     @classmethod
     def dynamic(cls, spec: ModelSpec, engine: Engine) -> "Executor":
@@ -59,7 +63,7 @@ class Executor:
             except InvalidRequest as exc:
                 results[index] = exc
         if self.spec.batching:
-            for group in batching.group_compatible([requests[i] for i in runnable]):
+            for group in batching.group_compatible([requests[i] for i in runnable], self._ragged_inputs):
                 members = [runnable[i] for i in group]
                 for index, result in zip(members, self._run_group([requests[i] for i in members])):
                     results[index] = result
@@ -78,7 +82,7 @@ class Executor:
         try:
             if not self.spec.batching:
                 return [self._run(group[0])]
-            feeds, sizes = batching.concat(group)
+            feeds, sizes = self._concat(group)
             return batching.split(self._run(feeds), sizes)
         except GeBackendError as exc:
             return [exc] * len(group)
