@@ -102,3 +102,15 @@ def test_requests_of_different_lengths_run_as_one_batch_and_each_gets_its_own_an
         assert float(result["COUNT"][0, 0]) == n and float(result["ITEM"][0, 0]) == n
         assert float(result["END"][0, 0]) == end and float(result["LONGEST_OUT"][0, 0]) == 4
 
+
+def test_tune_refuses_a_ragged_model_saying_why(tmp_path, capsys):
+    import onnx
+
+    from gebackend.cli.main import main
+
+    folder = tmp_path / "rag"
+    (folder / "1").mkdir(parents=True)
+    onnx.save(build_ragged_sum(), str(folder / "1" / "model.onnx"))
+    (folder / "config.pbtxt").write_text(HEAD + RAGGED_SUM_CONFIG)
+    assert main(["tune", str(folder), "--out", str(tmp_path / "out")]) == 2
+    assert "gebackend tune: model 'rag' uses ragged batching" in capsys.readouterr().err

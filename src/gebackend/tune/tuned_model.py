@@ -59,6 +59,11 @@ class TunedModel:
                 f"model '{name}' uses sequence_batching (a stateful model); tune searches stateless configs only: its "
                 f"batching rungs are the dynamic batcher's, which Triton does not combine with the sequence batcher. "
                 f"Measure it with perf_analyzer (it sends sequences to such a model by itself)")
+        if config.get("batch_input") or any(e.get("allow_ragged_batch") for e in config.get("input") or []):
+            raise ConfigError(
+                f"model '{name}' uses ragged batching (allow_ragged_batch, batch_input); tune does not search it: "
+                f"its static rungs cannot serve it and perf_analyzer would send every request the same length. "
+                f"Measure it with perf_analyzer --input-data holding requests of the lengths you serve")
         rec = reconcile(name, config, read_signature(onnx_path), DEFAULT_MAX_BATCH_SIZE, fill=True)
         problem = ""
         for t in rec.inputs:
