@@ -2,8 +2,9 @@
 
 One server holds each model as `<model>_ge` (backend "ge") and, where Triton's onnxruntime backend is installed or
 built (`make peer`, --peer-backend-dir), as `<model>_peer` (backend "onnxruntime", the same config.pbtxt otherwise);
-`_b1` twins of both say max_batch_size 1 (one sequence per run: no batching delay at low concurrency, and what
-runs where the peer fails to split a batched output state). Each config has `sequence_batching` with
+`_b1` twins of both say max_batch_size 1 (one sequence per run: no batching delay at low concurrency). Each config
+lists its outputs, the output state not among them (the peer fails to split batches otherwise), and has
+`sequence_batching` with
 START/END/READY/CORRID controls where the model takes them, an implicit `state`, the oldest strategy (or
 `--strategy direct`) batching up to 8 sequences, and one instance. perf_analyzer sends sequences of
 `--sequence-length` requests to each (it reads the config); concurrency N is N sequences at once. Rounds interleave
@@ -36,9 +37,12 @@ from gebackend.bench import runner as bench_runner
 from gebackend.bench import server as bench_server
 from gebackend.modelzoo import ACCUMULATOR_CONTROLS, build_accumulator, build_streaming_gru
 
-MODELS = {  # name -> (builder, input dims, state dims, controls)
-    "accumulator": (build_accumulator, [4], [4], ACCUMULATOR_CONTROLS),
-    "streaming_gru": (build_streaming_gru, [16, 80], [1, 512], ""),
+MODELS = {  # name -> (builder, input dims, state dims, controls, the outputs config.pbtxt lists)
+    "accumulator": (build_accumulator, [4], [4], ACCUMULATOR_CONTROLS,
+                    'output [ { name: "OUTPUT" data_type: TYPE_FP32 dims: [ 4 ] }, '
+                    '{ name: "ECHO" data_type: TYPE_FP32 dims: [ 2 ] } ]'),
+    "streaming_gru": (build_streaming_gru, [16, 80], [1, 512], "",
+                      'output [ { name: "OUTPUT" data_type: TYPE_FP32 dims: [ 16, 128 ] } ]'),
 }
 
 
@@ -52,10 +56,12 @@ STRATEGIES = {  # the sequence batcher's strategy, for a max_batch_size
 VARIANTS = {"ge": ("ge", 8), "ge_b1": ("ge", 1), "peer": ("onnxruntime", 8), "peer_b1": ("onnxruntime", 1)}
 
 
-def config(backend: str, dims: list[int], state: list[int], controls: str, strategy: str = "oldest",
+def config(backend: str, dims: list[int], state: list[int], controls: str, outputs: str, strategy: str = "oldest",
            max_batch_size: int = 8) -> str:
+    """Outputs are listed, the output state not among them: the peer (r24.10) fails every batch of two or more
+    sequences whose output state is also an output, as its auto-complete makes it when `output` is left out."""
     d, s = ", ".join(map(str, dims)), ", ".join(map(str, state))
-    return (f'backend: "{backend}"\nmax_batch_size: {max_batch_size}\ninput [ {{ name: "INPUT" data_type: TYPE_FP32 dims: [ {d} ] }} ]\n'
+    return (f'backend: "{backend}"\nmax_batch_size: {max_batch_size}\ninput [ {{ name: "INPUT" data_type: TYPE_FP32 dims: [ {d} ] }} ]\n{outputs}\n'
             f'sequence_batching {{\n  max_sequence_idle_microseconds: 60000000\n'
             f'  {STRATEGIES[strategy].format(max_batch_size)}\n'
             f'{controls}\n  state [ {{ input_name: "INPUT_STATE" output_name: "OUTPUT_STATE" data_type: TYPE_FP32 '
@@ -112,13 +118,14 @@ def main(argv=None) -> int:
         repo, work = Path(tmp) / "repo", Path(tmp) / "work"
         work.mkdir()
         for model in models:
-            build, dims, state, controls = MODELS[model]
+            build, dims, state, controls, outputs = MODELS[model]
             for backend in backends:
                 folder = repo / f"{model}_{backend}"
                 (folder / "1").mkdir(parents=True)
                 onnx.save(build(), str(folder / "1" / "model.onnx"))
                 name, max_batch = VARIANTS[backend]
-                (folder / "config.pbtxt").write_text(config(name, dims, state, controls, args.strategy, max_batch))
+                (folder / "config.pbtxt").write_text(config(name, dims, state, controls, outputs, args.strategy,
+                                                                       max_batch))
         server = bench_server.start(repo, work / "serve.log", extra_backends=peer_dirs)
         url = f"127.0.0.1:{server.grpc_port}"
         try:

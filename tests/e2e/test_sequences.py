@@ -94,9 +94,12 @@ def interleaved(server, model: str, count: int, length: int, outputs=("OUTPUT", 
     return runs
 
 
-@pytest.mark.parametrize("model", ["acc_direct", "acc_oldest_2", "acc_static"])
-def test_interleaved_sequences_each_carry_their_own_state(sequences, model):
-    runs = interleaved(sequences, model, count=6, length=5)
+@pytest.mark.parametrize("model, outputs", [("acc_direct", ("OUTPUT", "ECHO")), ("acc_oldest_2", ("OUTPUT", "ECHO")),
+                                            ("acc_static", ("OUTPUT", "ECHO")),
+                                            # the output state listed as an output too (where the peer fails batches)
+                                            ("acc_state_out", ("OUTPUT", "OUTPUT_STATE"))])
+def test_interleaved_sequences_each_carry_their_own_state(sequences, model, outputs):
+    runs = interleaved(sequences, model, count=6, length=5, outputs=outputs)
     assert len(runs) == 6
     with grpcclient.InferenceServerClient(sequences.grpc_url) as client:
         stats = client.get_inference_statistics(model).model_stats[0]
@@ -104,8 +107,8 @@ def test_interleaved_sequences_each_carry_their_own_state(sequences, model):
     assert stats.inference_count == 30 and stats.execution_count < 30, stats
     for corrid, (answers, steps) in runs.items():
         for step, (got, want) in enumerate(zip(answers, accumulator_reference(steps, corrid))):
-            np.testing.assert_array_equal(got["OUTPUT"], want["OUTPUT"], err_msg=f"{model} sequence {corrid} step {step}")
-            np.testing.assert_array_equal(got["ECHO"], want["ECHO"], err_msg=f"{model} sequence {corrid} step {step}")
+            for name in outputs:
+                np.testing.assert_array_equal(got[name], want[name], err_msg=f"{model} {name} sequence {corrid} step {step}")
 
 
 def test_a_listed_output_state_is_returned_and_an_unlisted_one_is_not(sequences):
