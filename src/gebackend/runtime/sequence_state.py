@@ -45,7 +45,7 @@ class SequenceKey:
 
 
 class SequenceStates:
-    """The states of one instance's live sequences."""
+    """The states of one instance's live sequences (for a `spec` with at least one state)."""
 
     def __init__(self, model: str, spec: SequenceSpec, clock: Callable[[], float] = time.monotonic):
         self.model = model
@@ -62,7 +62,7 @@ class SequenceStates:
         self._sweep()
         fed: list[Tensors | InvalidRequest] = []
         for inputs, key in zip(batch, keys):
-            if key.null or key.flags & START or not self.spec.states:
+            if key.null or key.flags & START:
                 fed.append(inputs)
                 continue
             kept = self._states.get(key.correlation_id)
@@ -85,7 +85,7 @@ class SequenceStates:
             if not isinstance(result, Mapping):
                 answered.append(result)  # failed: the sequence keeps the state it had
                 continue
-            if not key.null and self.spec.states:
+            if not key.null:
                 if key.flags & END:
                     self._states.pop(key.correlation_id, None)
                 else:

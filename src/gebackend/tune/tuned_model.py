@@ -54,17 +54,17 @@ class TunedModel:
             raise FileNotFoundError(f"{model_dir} has no version folder (1/model.onnx)")
         onnx_path = find_model_file(versions[-1], config.get("default_model_filename", ""))
         name = config["name"]
-        if "sequence_batching" in config:
+        rec = reconcile(name, config, read_signature(onnx_path), DEFAULT_MAX_BATCH_SIZE, fill=True)
+        if rec.sequence is not None:
             raise ConfigError(
                 f"model '{name}' uses sequence_batching (a stateful model); tune searches stateless configs only: its "
                 f"batching rungs are the dynamic batcher's, which Triton does not combine with the sequence batcher. "
                 f"Measure it with perf_analyzer (it sends sequences to such a model by itself)")
-        if config.get("batch_input") or any(e.get("allow_ragged_batch") for e in config.get("input") or []):
+        if rec.ragged is not None:
             raise ConfigError(
                 f"model '{name}' uses ragged batching (allow_ragged_batch, batch_input); tune does not search it: "
                 f"its static rungs cannot serve it and perf_analyzer would send every request the same length. "
                 f"Measure it with perf_analyzer --input-data holding requests of the lengths you serve")
-        rec = reconcile(name, config, read_signature(onnx_path), DEFAULT_MAX_BATCH_SIZE, fill=True)
         problem = ""
         for t in rec.inputs:
             if not t.dims or (-1 in t.dims and rec.max_batch_size <= 0):
