@@ -130,6 +130,24 @@ def test_models_linked_into_several_repositories_share_one_entry(model, tmp_path
     assert linked[0].path.parent == model.parent / ".gebackend-cache" / "precision"
 
 
+def test_a_copy_the_engines_load_keeps_its_entry_and_calibration_data_beside_the_repositorys_file(model, tmp_path,
+                                                                                                  counting):
+    calib = model.parent.parent / "calib"  # relative calibration_data: beside the repository's config.pbtxt
+    calib.mkdir()
+    np.save(calib / "image.npy", np.random.default_rng(3).standard_normal((3, 3, 32, 32)).astype(np.float32))
+    events = []
+    for instance in ("a", "b"):  # each instance (and each restart) writes its own copy in a temporary folder
+        copy = tmp_path / f"tmp-{instance}" / "m" / "1" / "model.onnx"
+        copy.parent.mkdir(parents=True)
+        copy.write_bytes(model.read_bytes())
+        engines = BackendOptions.make(precision_mode="int8", calibration_samples=4, calibration_data="calib").engines
+        lowered = precision_cache.lowered_model("m", copy, engines, kind(engines.engine), True, None, lambda m: None,
+                                                environ={}, home=model)
+        assert lowered.path.parent == model.parent / ".gebackend-cache" / "precision"
+        events.append(lowered.event)
+    assert events == ["quantized", "reused"] and counting == ["static"]
+
+
 def test_concurrent_loads_quantize_once(model, counting):
     results = []
     threads = [threading.Thread(target=lambda: results.append(_lower(model, quantization="static"))) for _ in range(3)]

@@ -164,8 +164,12 @@ def cached(model: str, model_path: Path, key: str, name: str, build: Callable[[P
 
 def lowered_model(model: str, model_path: Path, engines, engine_kind, batching: bool,
                   shapes: Mapping[str, tuple[int, ...]] | None, log: Callable[[str], None],
-                  int8_op_types: tuple[str, ...] | None = None, environ=os.environ) -> Lowered:
-    """The model lowered to `engines.precision_mode` (options' EngineChoice) for `engine_kind`, from the cache."""
+                  int8_op_types: tuple[str, ...] | None = None, environ=os.environ, home: Path | None = None) -> Lowered:
+    """The model lowered to `engines.precision_mode` (options' EngineChoice) for `engine_kind`, from the cache.
+
+    `home`: the model's file in its repository when `model_path` is a copy the engines load (config/model_copy.py):
+    the cache and a relative `calibration_data` are beside it, so instances and restarts share them."""
+    home = home or model_path
     from gebackend.compile import calibration
     from gebackend.compile.precision import INT8_OP_TYPES, check_supported, lower_precision, resolve_quantization
 
@@ -182,7 +186,7 @@ def lowered_model(model: str, model_path: Path, engines, engine_kind, batching: 
     if quantization == "static":
         options.update(quantizer=engine_kind.static_quantizer, samples=str(engines.calibration_samples))
         if engines.calibration_data:
-            source = calibration.resolve(engines.calibration_data, model_path)
+            source = calibration.resolve(engines.calibration_data, home)
             samples = calibration.load_samples(model, model_path, source, batching, engines.calibration_samples)
             data, feeds = calibration.data_files(source), samples[0]
             options["calibration"] = "data"
@@ -208,5 +212,5 @@ def lowered_model(model: str, model_path: Path, engines, engine_kind, batching: 
     except OSError as exc:
         raise ModelLoadError(f"model '{model}': cannot read {model_path} to key the precision cache: {exc}") from None
     verb = "quantized" if mode == "int8" else f"lowered to {mode}"
-    path, event = cached(model, model_path, key, name, build, log, what, verb, environ)
+    path, event = cached(model, home, key, name, build, log, what, verb, environ)
     return Lowered(path, quantization, event, feeds)

@@ -76,6 +76,14 @@ class ModelSpec:
     sequence: SequenceSpec | None = None  # a stateful model's sequence_batching (config/sequence.py)
     # ragged inputs (flattened across a batch) and batch inputs (computed per batch, not in `inputs`)
     ragged: RaggedSpec | None = None
+    # the file in the model repository when `path` is a copy or a lowering of it: what is kept or looked up beside
+    # the model (the precision cache, a relative calibration_data) goes by this file (`home`)
+    source: Path | None = None
+
+    @property
+    def home(self) -> Path:
+        """The model's file in its repository (see `source`)."""
+        return self.source or self.path
 
     @property
     def batching(self) -> bool:
@@ -242,9 +250,9 @@ def reconcile(
 
 
 def build_model_spec(
-    config: Mapping[str, Any], signature: Signature, path: Path, options: BackendOptions
+    config: Mapping[str, Any], signature: Signature, path: Path, options: BackendOptions, source: Path | None = None
 ) -> ModelSpec:
-    """The spec of a model whose config Triton has already completed."""
+    """The spec of a model whose config Triton has already completed (`source`: see `ModelSpec.source`)."""
     name = config.get("name", "")
     result = reconcile(name, config, signature, options.default_max_batch_size, fill=False)
     if result.max_batch_size != int(config.get("max_batch_size") or 0):
@@ -259,7 +267,7 @@ def build_model_spec(
     shapes = compiled_shapes(name, result.max_batch_size, result.inputs, options)
     check_paddable(name, result.inputs, options)
     return ModelSpec(name, path, result.max_batch_size, result.inputs, result.outputs, options, tuple(shapes),
-                     result.sequence, result.ragged)
+                     result.sequence, result.ragged, None if source == path else source)
 
 
 def shapes_from_config(config: Mapping, signature: Signature) -> list[Shapes]:

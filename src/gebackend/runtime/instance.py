@@ -103,7 +103,7 @@ class ModelInstance:
         path = aliased_model(config, path, say, server_temp_parent())  # npu_ge: names paired by position
         options, ledger, lending = _pin(name, instance, config, parsed.options, log) if pin else (parsed.options, None, None)
         options = _resolve_auto(options, path, say)
-        spec = build_model_spec(config, read_signature(path), path, options)
+        spec = build_model_spec(config, read_signature(path), path, options, source=in_repository)
         providers = select_providers(spec, instance.kind, instance.device_id, model_path=in_repository,
                                      instance_index=_instance_index(name, instance, config))
         executor, how = load_executor(spec, providers, say, lending)

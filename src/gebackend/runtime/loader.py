@@ -63,7 +63,8 @@ def _lower(spec: ModelSpec, engine_kind, log: Callable[[str], None]) -> tuple[Mo
     mode = spec.options.engines.precision_mode
     guard = spec.options.engines.precision_min_cosine
     shapes = _file_shapes(spec) if spec.static else None
-    lowered = lowered_model(spec.name, spec.path, spec.options.engines, engine_kind, spec.batching, shapes, log)
+    lowered = lowered_model(spec.name, spec.path, spec.options.engines, engine_kind, spec.batching, shapes, log,
+                            home=spec.home)
     ran = precision_run(mode, engine_kind.name, lowered.quantization)
     if ran.note:
         log(f"precision {mode}: {ran.note}")
