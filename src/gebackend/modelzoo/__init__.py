@@ -9,6 +9,7 @@ from pathlib import Path
 import onnx
 
 from .bert import build_bert
+from .defaults import SCALE_SHIFT_OPTIONAL, build_scale_shift, initializers_as_inputs, scale_shift_reference
 from .misc import (
     build_add_mul,
     build_constant_of_shape_weight,
@@ -26,6 +27,7 @@ __all__ = [
     "ACCUMULATOR_CONTROLS",
     "EXAMPLE_MODELS",
     "RAGGED_SUM_CONFIG",
+    "SCALE_SHIFT_OPTIONAL",
     "accumulator_reference",
     "build_accumulator",
     "build_add_mul",
@@ -38,8 +40,11 @@ __all__ = [
     "build_ragged_sum",
     "build_resnet",
     "build_row_scale",
+    "build_scale_shift",
     "build_spin",
     "build_streaming_gru",
+    "initializers_as_inputs",
+    "scale_shift_reference",
 ]
 
 #: Example model directory name -> builder producing its ``1/model.onnx``.
