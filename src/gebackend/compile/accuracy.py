@@ -98,8 +98,10 @@ def random_feeds(
     seed: int = 0,
     batch: int = 1,
     dim: int = 16,
+    fixed: Mapping[str, np.ndarray] | None = None,
 ) -> dict[str, np.ndarray]:
-    """One seeded random input for every graph input (see the module docstring)."""
+    """One seeded random input for every graph input (see the module docstring); the inputs in `fixed` (an optional
+    input's default, config/optional_inputs.py) get that value instead."""
     proto = _load(model)
     shapes = dict(shapes or {})
     initializers = {init.name for init in proto.graph.initializer}
@@ -109,6 +111,9 @@ def random_feeds(
     feeds: dict[str, np.ndarray] = {}
     for value in proto.graph.input:
         if value.name in initializers:
+            continue
+        if fixed and value.name in fixed:
+            feeds[value.name] = fixed[value.name]
             continue
         tensor = value.type.tensor_type
         dtype = dtypes.from_onnx(tensor.elem_type).numpy

@@ -83,24 +83,30 @@ def _inputs(model_path: Path) -> list[_Input]:
     return found
 
 
-def random_samples(model_path: Path, count: int, shapes: Mapping[str, Sequence[int]] | None = None) -> list[Sample]:
-    """`count` seeded random samples (seed 0, 1, ...): the same every load, so the cache key need not hold them."""
+def random_samples(model_path: Path, count: int, shapes: Mapping[str, Sequence[int]] | None = None,
+                   fixed: Mapping[str, np.ndarray] | None = None) -> list[Sample]:
+    """`count` seeded random samples (seed 0, 1, ...): the same every load, so the cache key need not hold them;
+    the inputs in `fixed` (optional inputs' defaults) keep their value."""
     from gebackend.compile.accuracy import random_feeds
 
-    return [random_feeds(model_path, shapes, seed=seed) for seed in range(count)]
+    return [random_feeds(model_path, shapes, seed=seed, fixed=fixed) for seed in range(count)]
 
 
-def load_samples(model: str, model_path: Path, source: Path, batching: bool, limit: int | None = None) -> list[Sample]:
-    """The samples in `source` (a folder or a perf_analyzer JSON file), checked against the model's inputs."""
+def load_samples(model: str, model_path: Path, source: Path, batching: bool, limit: int | None = None,
+                 fixed: Mapping[str, np.ndarray] | None = None) -> list[Sample]:
+    """The samples in `source` (a folder or a perf_analyzer JSON file), checked against the model's inputs; an input
+    in `fixed` (an optional input's default) that `source` leaves out gets that value, as a request would."""
+    fixed = fixed or {}
     inputs = _inputs(model_path)
     if source.is_dir():
-        raw = _from_folder(model, source, inputs)
+        raw = _from_folder(model, source, inputs, fixed)
     elif source.is_file():
-        raw = _from_json(model, source, inputs, batching)
+        raw = _from_json(model, source, inputs, batching, fixed)
     else:
         raise ModelLoadError(f"model '{model}': calibration_data {source} does not exist; expected a folder of "
                              f"<input>.npy or <input>/*.npy files, or a perf_analyzer --input-data JSON file")
-    samples = [{i.name: _check(model, i, *sample[i.name], batching) for i in inputs} for sample in raw[:limit]]
+    samples = [{i.name: _check(model, i, *sample[i.name], batching) if i.name in sample else fixed[i.name]
+                for i in inputs} for sample in raw[:limit]]
     if not samples:
         raise ModelLoadError(f"model '{model}': calibration_data {source} holds no sample")
     return samples
@@ -136,10 +142,13 @@ def _load_npy(model: str, path: Path, name: str) -> np.ndarray:
                              f"{type(exc).__name__}: {exc}") from None
 
 
-def _from_folder(model: str, folder: Path, inputs: Sequence[_Input]) -> list[dict[str, tuple[np.ndarray, str]]]:
+def _from_folder(model: str, folder: Path, inputs: Sequence[_Input],
+                 fixed: Mapping[str, np.ndarray]) -> list[dict[str, tuple[np.ndarray, str]]]:
     per_input: dict[str, list[tuple[np.ndarray, str]]] = {}
     for spec in inputs:
         stacked, subfolder = folder / f"{spec.name}.npy", folder / spec.name
+        if spec.name in fixed and not stacked.is_file() and not subfolder.is_dir():
+            continue
         if stacked.is_file():
             array = _load_npy(model, stacked, spec.name)
             if array.ndim == 0:
@@ -163,7 +172,8 @@ def _from_folder(model: str, folder: Path, inputs: Sequence[_Input]) -> list[dic
     return [{name: samples[k] for name, samples in per_input.items()} for k in range(count)]
 
 
-def _from_json(model: str, path: Path, inputs: Sequence[_Input], batching: bool) -> list[dict[str, tuple[np.ndarray, str]]]:
+def _from_json(model: str, path: Path, inputs: Sequence[_Input], batching: bool,
+               fixed: Mapping[str, np.ndarray]) -> list[dict[str, tuple[np.ndarray, str]]]:
     try:
         document = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -180,6 +190,8 @@ def _from_json(model: str, path: Path, inputs: Sequence[_Input], batching: bool)
                                  f"values (streams of sequences are not read)")
         sample = {}
         for spec in inputs:
+            if spec.name not in entry and spec.name in fixed:
+                continue
             if spec.name not in entry:
                 raise ModelLoadError(f"model '{model}': calibration_data {where}: input '{spec.name}' is missing; "
                                      f"expected {spec.expected(batching)}")

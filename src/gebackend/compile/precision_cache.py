@@ -164,11 +164,14 @@ def cached(model: str, model_path: Path, key: str, name: str, build: Callable[[P
 
 def lowered_model(model: str, model_path: Path, engines, engine_kind, batching: bool,
                   shapes: Mapping[str, tuple[int, ...]] | None, log: Callable[[str], None],
-                  int8_op_types: tuple[str, ...] | None = None, environ=os.environ, home: Path | None = None) -> Lowered:
+                  int8_op_types: tuple[str, ...] | None = None, environ=os.environ, home: Path | None = None,
+                  fixed: Mapping[str, np.ndarray] | None = None) -> Lowered:
     """The model lowered to `engines.precision_mode` (options' EngineChoice) for `engine_kind`, from the cache.
 
     `home`: the model's file in its repository when `model_path` is a copy the engines load (config/model_copy.py):
-    the cache and a relative `calibration_data` are beside it, so instances and restarts share them."""
+    the cache and a relative `calibration_data` are beside it, so instances and restarts share them. `fixed`: the
+    optional inputs' defaults, what calibration feeds them where its data leaves them out (in the key: the copy does
+    not hold them)."""
     home = home or model_path
     from gebackend.compile import calibration
     from gebackend.compile.precision import INT8_OP_TYPES, check_supported, lower_precision, resolve_quantization
@@ -187,7 +190,7 @@ def lowered_model(model: str, model_path: Path, engines, engine_kind, batching: 
         options.update(quantizer=engine_kind.static_quantizer, samples=str(engines.calibration_samples))
         if engines.calibration_data:
             source = calibration.resolve(engines.calibration_data, home)
-            samples = calibration.load_samples(model, model_path, source, batching, engines.calibration_samples)
+            samples = calibration.load_samples(model, model_path, source, batching, engines.calibration_samples, fixed)
             data, feeds = calibration.data_files(source), samples[0]
             options["calibration"] = "data"
             log(f"precision int8: calibrating on {len(samples)} sample(s) from {source}")
@@ -195,13 +198,18 @@ def lowered_model(model: str, model_path: Path, engines, engine_kind, batching: 
             options.update(calibration="random", shapes=repr(sorted((shapes or {}).items())))
     elif quantization == "dynamic":
         options["op_types"] = ",".join(op_types)
+    if fixed and quantization == "static":
+        digest = hashlib.sha256()
+        for name in sorted(fixed):
+            digest.update(f"\0{name}\0{fixed[name].dtype}\0{fixed[name].shape}\0".encode() + fixed[name].tobytes())
+        options["defaults"] = digest.hexdigest()
 
     def build(folder: Path, name: str) -> Path:
         chosen = samples
         if quantization == "static" and chosen is None:
             log(f"precision int8: calibrating on {engines.calibration_samples} seeded random sample(s) (no "
                 f"calibration_data): real inputs give better scales, set calibration_data to a folder of .npy files")
-            chosen = calibration.random_samples(model_path, engines.calibration_samples, shapes)
+            chosen = calibration.random_samples(model_path, engines.calibration_samples, shapes, fixed)
         return lower_precision(model_path, mode, folder, log, op_types, quantization=quantization,
                                quantizer=engine_kind.static_quantizer, samples=chosen, out_name=name)
 

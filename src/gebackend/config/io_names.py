@@ -71,7 +71,7 @@ def aliased_signature(model_config: Mapping[str, Any], signature: Signature) -> 
         inputs[i] = dataclasses.replace(inputs[i], name=new)
     for i, _, new in renames.outputs:
         outputs[i] = dataclasses.replace(outputs[i], name=new)
-    return Signature(tuple(inputs), tuple(outputs))
+    return dataclasses.replace(signature, inputs=tuple(inputs), outputs=tuple(outputs))
 
 
 def _names_in_use(graph) -> set[str]:

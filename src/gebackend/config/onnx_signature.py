@@ -35,6 +35,9 @@ class OnnxTensor:
 class Signature:
     inputs: tuple[OnnxTensor, ...]
     outputs: tuple[OnnxTensor, ...]
+    # initializers also listed as graph inputs (IR >= 4): defaults a caller may replace, served only when config.pbtxt
+    # lists them (config/optional_inputs.py)
+    defaults: tuple[OnnxTensor, ...] = ()
 
     def input(self, name: str) -> OnnxTensor | None:
         return next((t for t in self.inputs if t.name == name), None)
@@ -68,7 +71,10 @@ def signature_of(model: onnx.ModelProto) -> Signature:
     initializers = {init.name for init in model.graph.initializer}
     inputs = tuple(_tensor(v, "input") for v in model.graph.input if v.name not in initializers)
     outputs = tuple(_tensor(v, "output") for v in model.graph.output)
-    return Signature(inputs, outputs)
+    # IR < 4 listed every initializer as an input, and nothing may replace those (as ONNX Runtime reads them)
+    defaults = () if model.ir_version < 4 else tuple(
+        _tensor(v, "input") for v in model.graph.input if v.name in initializers)
+    return Signature(inputs, outputs, defaults)
 
 
 def read_signature(path: str | Path) -> Signature:

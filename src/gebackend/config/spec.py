@@ -7,6 +7,7 @@ and both values. `build_model_spec` turns a complete config into a `ModelSpec`.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -14,6 +15,7 @@ from typing import Any, Mapping, Sequence
 from gebackend.config import dtypes
 from gebackend.config.onnx_signature import Dim, OnnxTensor, Signature
 from gebackend.config.options import BackendOptions, model_parameters, parse_options
+from gebackend.config import optional_inputs
 from gebackend.config import ragged as ragged_config
 from gebackend.config import sequence as sequence_config
 from gebackend.config.ragged import RaggedSpec
@@ -35,6 +37,7 @@ class TensorSpec:
     # A rank-0 tensor of a model without batching: the dims clients send and get ([1]; Triton has no scalars and
     # refuses an empty reshape there); the adapter turns it into the scalar the model sees and back. None otherwise.
     wire_dims: tuple[int, ...] | None = None
+    optional: bool = False  # a default in the ONNX file a request may leave out (config/optional_inputs.py)
 
     def config_entry(self) -> dict[str, Any]:
         """The config.pbtxt entry auto-complete writes, as Triton's onnxruntime backend completes it: Triton needs at
@@ -224,12 +227,17 @@ def reconcile(
     sequence = sequence_config.sequence_spec(model, config)
     ragged = ragged_config.ragged_spec(model, config)
     computed = ragged.provided_inputs if ragged else frozenset()  # batch inputs: made per batch, never sent
-    onnx_inputs = [t for t in signature.inputs if t.name not in computed]
-    inputs = _pair(model, "input", config.get("input") or [], onnx_inputs, fill,
+    entries = config.get("input") or []
+    listed = {e.get("name") for e in entries}  # defaults in the file are inputs only where config.pbtxt lists them
+    onnx_inputs = [t for t in signature.inputs if t.name not in computed] + [
+        t for t in signature.defaults if t.name in listed]
+    inputs = _pair(model, "input", entries, onnx_inputs, fill,
                    sequence.provided_inputs if sequence else frozenset())
     outputs = _pair(model, "output", config.get("output") or [], signature.outputs, fill,
                     sequence.hidden_outputs if sequence else frozenset())
-    batching = _decide_batching(model, config, inputs + outputs)
+    optional = optional_inputs.optional_names(entries)
+    batching = _decide_batching(model, config, [p for p in inputs if p[1].name not in optional] + outputs)
+    optional_inputs.check(model, entries, signature, batching)
     if sequence is not None:
         sequence_config.check_against(model, sequence, signature.inputs, signature.outputs, batching)
     if ragged is not None:
@@ -240,8 +248,9 @@ def reconcile(
     enable_dynamic = batching and not any(k in config for k in _SCHEDULERS)
     return Reconciled(
         max_batch_size=max_batch_size,
-        inputs=tuple(_merge_tensor(model, "input", e, t, batching, ragged.ragged_inputs if ragged else frozenset())
-                     for e, t in inputs),
+        inputs=tuple(dataclasses.replace(spec, optional=True) if spec.name in optional else spec for spec in (
+            _merge_tensor(model, "input", e, t, batching, ragged.ragged_inputs if ragged else frozenset())
+            for e, t in inputs)),
         outputs=tuple(_merge_tensor(model, "output", e, t, batching) for e, t in outputs),
         enable_dynamic_batching=enable_dynamic,
         sequence=sequence,

@@ -20,6 +20,7 @@ import numpy as np
 from gebackend.config.io_names import aliased_model
 from gebackend.config.model_file import find_model_file
 from gebackend.config.onnx_signature import read_signature
+from gebackend.config.optional_inputs import Defaults, served_model
 from gebackend.config.option_groups import BackendOptions
 from gebackend.config.option_report import load_report
 from gebackend.config.options import ParsedOptions, global_options_from_env, model_parameters, parse_options
@@ -64,7 +65,7 @@ class ModelInstance:
     def __init__(self, spec: ModelSpec, executor: Executor, how: str, load_seconds: float, instance: str,
                  profiling: ProfilingControl | None = None, heartbeat: Heartbeat | None = None,
                  ledger: CoreLedger | None = None, dump: FirstRequestDump | None = None,
-                 log: InstanceLog | None = None):
+                 log: InstanceLog | None = None, defaults: Defaults | None = None):
         self.spec = spec
         self.executor = executor
         self.how = how  # one line saying how it runs (graph mode, buckets, engine, precision)
@@ -75,6 +76,7 @@ class ModelInstance:
         self.ledger = ledger
         self.dump = dump  # dump_data=1: writes the first request's every node input and output, then None
         self._log = log
+        self.defaults = defaults or None  # the file's values of optional inputs, for requests that leave them out
         # a stateful model's sequences (sequence_batching with `state`): their states between requests
         self.sequences = SequenceStates(spec.name, spec.sequence) if spec.sequence and spec.sequence.states else None
 
@@ -101,12 +103,14 @@ class ModelInstance:
         say = lambda m: log.info(f"gebackend: model '{name}': {m}")  # noqa: E731
         in_repository = path  # caches (TensorRT's engines) are kept beside this file, not beside a temporary copy
         path = aliased_model(config, path, say, server_temp_parent())  # npu_ge: names paired by position
+        signature = read_signature(path)
+        path, defaults = served_model(config, path, signature, say, server_temp_parent())  # optional inputs: plain ones
         options, ledger, lending = _pin(name, instance, config, parsed.options, log) if pin else (parsed.options, None, None)
         options = _resolve_auto(options, path, say)
-        spec = build_model_spec(config, read_signature(path), path, options, source=in_repository)
+        spec = build_model_spec(config, signature, path, options, source=in_repository)
         providers = select_providers(spec, instance.kind, instance.device_id, model_path=in_repository,
                                      instance_index=_instance_index(name, instance, config))
-        executor, how = load_executor(spec, providers, say, lending)
+        executor, how = load_executor(spec, providers, say, lending, defaults.values)
         seconds = time.perf_counter() - started
         log.info(f"gebackend: model '{name}' instance '{instance.name}' loaded {path.name} in {seconds:.2f}s: "
                  f"max_batch_size={spec.max_batch_size}, {how}")
@@ -115,7 +119,7 @@ class ModelInstance:
             profiling = ProfilingControl(name, instance.name, executor.runner.engines(), spec.options.diagnostics.profiling,
                                          spec.options.diagnostics.profiling_dir, say)
         dump = first_request_dump(spec, instance.name, say)
-        return cls(spec, executor, how, seconds, instance.name, profiling, _heartbeat(spec), ledger, dump, log)
+        return cls(spec, executor, how, seconds, instance.name, profiling, _heartbeat(spec), ledger, dump, log, defaults)
 
     def execute(self, batch: Sequence[Mapping[str, np.ndarray]], keys: Sequence[SequenceKey] | None = None) -> list:
         """One batch of requests (each its feeds by input name) -> per request its outputs by name, or the exception
@@ -141,6 +145,8 @@ class ModelInstance:
 
     def _execute(self, batch: Sequence[Mapping[str, np.ndarray]]) -> list:
         started = time.monotonic_ns()
+        if self.defaults is not None:
+            batch = [self.defaults.fill(feeds) for feeds in batch]
         results = self.executor.execute(batch)
         if self.dump is not None:
             self.dump = self.dump.offer(batch, results)

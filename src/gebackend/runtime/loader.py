@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
+
+import numpy as np
 
 from gebackend.config.spec import ModelSpec
 from gebackend.control.env import control_dir, server_temp_parent
@@ -28,10 +30,11 @@ from gebackend.runtime.runners import BucketRunner, DynamicRunner
 
 def load_executor(
     spec: ModelSpec, providers: Sequence = ("CPUExecutionProvider",), log: Callable[[str], None] = lambda m: None,
-    lending=None,
+    lending=None, defaults: Mapping[str, np.ndarray] | None = None,
 ) -> tuple[Executor, str]:
     """The executor for a model and one line describing how it runs (`lending`: the cores a pinned instance may borrow
-    while its siblings idle, runtime/lending.py)."""
+    while its siblings idle, runtime/lending.py; `defaults`: the optional inputs' values in the ONNX file, which a
+    lowering calibrates and checks its accuracy on, as requests leaving them out run on them)."""
     precision = ""
     engine_kind = kind(engine_name(spec.options.engines))
     mode = spec.options.engines.precision_mode
@@ -39,7 +42,7 @@ def load_executor(
     # applies it itself; the lowered file lives in the precision cache, shared by instances and restarts
     original = spec.path
     if mode != "origin" and not engine_kind.lowers(mode) and not getattr(providers, "lowers_precision", False):
-        spec, precision = _lower(spec, engine_kind, log)
+        spec, precision = _lower(spec, engine_kind, log, defaults)
     # the fp32 file a lowered model's answers are compared through (trim_padding's and the bucket padding's checks)
     fp32 = original if spec.options.engines.precision_mode != "origin" else None
     if lending is not None:
@@ -54,7 +57,8 @@ def load_executor(
     return executor, f"{precision}{how}"
 
 
-def _lower(spec: ModelSpec, engine_kind, log: Callable[[str], None]) -> tuple[ModelSpec, str]:
+def _lower(spec: ModelSpec, engine_kind, log: Callable[[str], None],
+           defaults: Mapping[str, np.ndarray] | None = None) -> tuple[ModelSpec, str]:
     """The spec pointing at the lowered model (compile/precision_cache.py), and the precision part of the load line."""
     from gebackend.compile.accuracy import accuracy_report, random_feeds
     from gebackend.compile.precision_cache import lowered_model
@@ -64,13 +68,13 @@ def _lower(spec: ModelSpec, engine_kind, log: Callable[[str], None]) -> tuple[Mo
     guard = spec.options.engines.precision_min_cosine
     shapes = _file_shapes(spec) if spec.static else None
     lowered = lowered_model(spec.name, spec.path, spec.options.engines, engine_kind, spec.batching, shapes, log,
-                            home=spec.home)
+                            home=spec.home, fixed=defaults)
     ran = precision_run(mode, engine_kind.name, lowered.quantization)
     if ran.note:
         log(f"precision {mode}: {ran.note}")
     label = f"{mode} static" if lowered.quantization == "static" else mode  # dynamic: the line as before static int8
     try:
-        feeds = dict(lowered.check_feeds) if lowered.check_feeds is not None else random_feeds(spec.path, shapes)
+        feeds = dict(lowered.check_feeds) if lowered.check_feeds is not None else random_feeds(spec.path, shapes, fixed=defaults)
         report = accuracy_report(spec.path, lowered.path, feeds,
                                  input_label="the first calibration sample" if lowered.check_feeds is not None else "")
     except GeBackendError as exc:

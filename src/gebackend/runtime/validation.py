@@ -65,13 +65,15 @@ def validate_request(spec: ModelSpec, inputs: Mapping[str, np.ndarray]) -> None:
     unknown = sorted(set(inputs) - set(expected_names))
     if unknown:
         raise InvalidRequest(f"model '{model}' has no input {unknown[0]!r}; its inputs are {expected_names}")
-    missing = [n for n in expected_names if n not in inputs]
+    missing = [t.name for t in spec.inputs if t.name not in inputs and not t.optional]
     if missing:
         raise InvalidRequest(f"model '{model}': input {missing[0]!r} is missing; the model needs {expected_names}")
 
     named: dict[str, tuple[int, str]] = {}  # dim label -> (size, input that set it)
     batch_size: tuple[int, str] | None = None
     for tensor in spec.inputs:
+        if tensor.name not in inputs:  # an optional input left out: the model runs on its default
+            continue
         array = inputs[tensor.name]
         where = f"model '{model}', input '{tensor.name}'"
         if array.dtype != tensor.dtype.numpy:
