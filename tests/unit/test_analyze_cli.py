@@ -92,3 +92,19 @@ def test_bad_size_limit_is_a_usage_error(mod_path, capsys):
         main(["analyze", str(mod_path), "--size-limit", "0"])
     assert exc.value.code == 2
     assert "at least 1 byte" in capsys.readouterr().err
+
+
+def test_the_doctor_names_initializers_listed_as_graph_inputs(tmp_path, capsys):
+    from gebackend.modelzoo import build_scale_shift
+
+    path = tmp_path / "ss.onnx"
+    onnx.save(build_scale_shift(), path)
+    assert main(["analyze", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert ("note: 3 initializer(s) are also graph inputs (W, scale, shift), as old exporters wrote them: as the file "
+            "stands ONNX Runtime neither folds nor prepacks them") in out, out
+
+
+def test_the_doctor_says_nothing_of_defaults_where_there_are_none(mod_path, capsys):
+    assert main(["analyze", str(mod_path)]) == 0
+    assert "also graph inputs" not in capsys.readouterr().out

@@ -226,6 +226,19 @@ def host_ops(model: onnx.ModelProto, providers: Sequence[str] | None = None) -> 
 # ------------------------------------------------------------------------------------------ public API
 
 
+def _default_notes(model: onnx.ModelProto) -> list[str]:
+    """What the doctor says of initializers the file also lists as graph inputs (config/optional_inputs.py)."""
+    from gebackend.config.onnx_signature import signature_of
+
+    names = [t.name for t in signature_of(model).defaults]
+    if not names:
+        return []
+    shown = ", ".join(names[:5]) + (f", … ({len(names)} in all)" if len(names) > 5 else "")
+    return [f"{len(names)} initializer(s) are also graph inputs ({shown}), as old exporters wrote them: as the file "
+            f"stands ONNX Runtime neither folds nor prepacks them (a caller could replace them); `ge` serves those "
+            f"config.pbtxt does not list (with `optional: true`) as constants"]
+
+
 def analyze(
     model: onnx.ModelProto,
     shapes: Mapping[str, Sequence[int]] | None = None,
@@ -246,7 +259,7 @@ def analyze(
 
     if size_limit is not None and size_limit < 1:
         raise ValueError(f"size_limit must be at least 1 byte, or None for no limit; got {size_limit}")
-    notes = list(notes)
+    notes = list(notes) + _default_notes(model)
     groups = find_foldable(model)
     if folded is not None:
         analysed = folded
