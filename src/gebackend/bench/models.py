@@ -3,12 +3,14 @@
 Small models (built in code by `gebackend.modelzoo`, no extra packages, seconds to build):
   tiny          elementwise add/mul on [batch, 4]: measures the server's own overhead (batching-delay trap)
   resnet_small  the example ResNet-style CNN (64 px)
+  resnet_small_inputs   the same with every weight also a graph input, as old exporters wrote them
   bert_small    the example BERT-style encoder, sequence 16
 
 Full-size models (need the `cnclip` extra: torch CPU; random weights, exported at opset 14 with a dynamic
 batch axis by torch's TorchScript exporter, as ge-backend's CN_CLIP guide does):
   resnet50      a ResNet-50 (torchvision's architecture, written out here: torchvision does not import
                 beside this torch)
+  resnet50_inputs       the same exported with keep_initializers_as_inputs=True (every weight a graph input)
   cnclip_image  CN_CLIP ViT-B/16 image encoder (224 px, width 768, 12 layers, embed 512)
   cnclip_text   CN_CLIP RoBERTa-wwm-ext-base Chinese text encoder (vocab 21128, 12 layers, context 52)
   cnclip_image_l4, cnclip_text_l4   the same two encoders cut to 4 of their 12 layers (a third of the work)
@@ -118,6 +120,12 @@ def _resnet_small() -> onnx.ModelProto:
     return build_resnet()
 
 
+def _resnet_small_inputs() -> onnx.ModelProto:
+    from gebackend.modelzoo import initializers_as_inputs
+
+    return initializers_as_inputs(_resnet_small())
+
+
 def _bert_small() -> onnx.ModelProto:
     from gebackend.modelzoo import build_bert
 
@@ -179,17 +187,20 @@ def _resnet50_module():
     return ResNet50().eval()
 
 
-def _export(module, args: tuple, path: Path, input_names: list[str], output_names: list[str]) -> None:
+def _export(module, args: tuple, path: Path, input_names: list[str], output_names: list[str],
+            keep_initializers_as_inputs: bool = False) -> None:
     torch = _torch()
     axes = {n: {0: "batch"} for n in input_names + output_names}
     with torch.no_grad():
         torch.onnx.export(module, args, str(path), input_names=input_names, output_names=output_names,
-                          dynamic_axes=axes, opset_version=OPSET, do_constant_folding=True, dynamo=False)
+                          dynamic_axes=axes, opset_version=OPSET, do_constant_folding=True, dynamo=False,
+                          keep_initializers_as_inputs=keep_initializers_as_inputs)
 
 
-def _export_resnet50(path: Path) -> None:
+def _export_resnet50(path: Path, keep_initializers_as_inputs: bool = False) -> None:
     torch = _torch()
-    _export(_resnet50_module(), (torch.randn(1, 3, 224, 224),), path, ["image"], ["logits"])
+    _export(_resnet50_module(), (torch.randn(1, 3, 224, 224),), path, ["image"], ["logits"],
+            keep_initializers_as_inputs)
 
 
 def load_cn_clip(cache: Path, layers: int | None = None):
@@ -276,11 +287,18 @@ def models(cache: Path = DEFAULT_CACHE) -> dict[str, BenchModel]:
                    (BenchInput("x", "float32", (4,)), BenchInput("y", "float32", (4,))), _save(_tiny)),
         BenchModel("resnet_small", "gebackend.modelzoo ResNet-style CNN, 64 px",
                    (BenchInput("image", "float32", (3, 64, 64), -1.0, 1.0),), _save(_resnet_small)),
+        # Old exporters' files (torch.onnx's keep_initializers_as_inputs=True): every weight also a graph input,
+        # which ONNX Runtime may not fold or prepack, since a caller could replace it (config/optional_inputs.py)
+        BenchModel("resnet_small_inputs", "resnet_small with its weights also listed as graph inputs (old exporters)",
+                   (BenchInput("image", "float32", (3, 64, 64), -1.0, 1.0),), _save(_resnet_small_inputs)),
         BenchModel("bert_small", "gebackend.modelzoo BERT-style encoder, hidden 64, 2 layers, sequence 16",
                    (BenchInput("input_ids", "int64", (16,), 1, 1000), BenchInput("attention_mask", "int64", (16,), 1, 2)),
                    _save(_bert_small)),
         BenchModel("resnet50", "ResNet-50 (torchvision architecture), 224 px, random weights",
                    IMAGE_224, _export_resnet50, full_size=True, needs="torch"),
+        BenchModel("resnet50_inputs", "resnet50 exported with keep_initializers_as_inputs=True (old exporters)",
+                   IMAGE_224, lambda p: _export_resnet50(p, keep_initializers_as_inputs=True), full_size=True,
+                   needs="torch"),
         BenchModel("cnclip_image", "CN_CLIP ViT-B/16 image encoder, 224 px, width 768, 12 layers, embed 512",
                    IMAGE_224, lambda p: _export_cnclip_image(p, cache), full_size=True, needs="torch, cn_clip wheel"),
         BenchModel("cnclip_text", "CN_CLIP RoBERTa-wwm-ext-base text encoder, vocab 21128, 12 layers, context 52",
