@@ -30,6 +30,9 @@ class OrtSessionOptions:
     # graph mode (static ORT graphs: SkipLayerNormFusion, see engines/onnxruntime.py); "none": nothing disabled.
     disabled_optimizers: tuple[str, ...] | None = None
     disable_prepacking: bool = False  # ORT packs MatMul weights per session: off saves ~the MatMul weights per bucket
+    # the arenas every ORT run shrinks back ("cpu:0", "cpu:0;gpu:0"; Triton's onnxruntime backend key
+    # memory.enable_memory_arena_shrinkage): engines/arena_shrinkage.py
+    arena_shrinkage: str = ""
     allow_spinning: str = "auto"  # ORT intra-op spinning: "auto" (off when pinned instances share cores) | "on" | "off"
     # ORT's session.force_spinning_stop: intra-op threads stop spinning as soon as a run returns ("on"), or spin on
     # for a while after it ("off"); "auto": ORT's default (off)

@@ -31,6 +31,7 @@ from gebackend.config.accelerators import parse_accelerators
 from gebackend.config.ge_keys import ALIASES, PRECISION_V1, is_ge_family
 from gebackend.config.option_groups import BackendOptions
 from gebackend.control import env
+from gebackend.engines import arena_shrinkage
 from gebackend.engines import registry as engine_registry
 from gebackend.errors import ConfigError
 
@@ -215,6 +216,7 @@ _KEYS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "disabled_optimizers": ("disabled_optimizers", _optimizer_list),
     "pin_instances": ("pin_instances", _auto_bool),
     "disable_prepacking": ("disable_prepacking", _bool),
+    arena_shrinkage.RUN_CONFIG_KEY: ("arena_shrinkage", arena_shrinkage.parse),
     "allow_spinning": ("allow_spinning", _auto_bool),
     "force_spinning_stop": ("force_spinning_stop", _auto_bool),
     "shared_thread_pool": ("shared_thread_pool", _auto_bool),

@@ -22,7 +22,8 @@ from gebackend.engines.base import (
     monotonic_from_wall_ns,
 )
 from gebackend.engines.cpu import PrecisionRun, int8_note
-from gebackend.engines.providers import Selection, as_selection
+from gebackend.engines import arena_shrinkage
+from gebackend.engines.providers import Selection, as_selection, run_options_config
 from gebackend.engines.registry import EngineKind
 from gebackend.errors import ModelLoadError
 
@@ -141,6 +142,13 @@ def internal_options(optimize: bool = True, threads: int | None = None, spinning
     return so
 
 
+def arena_run_config(options: OrtSessionOptions, selection: Selection) -> tuple[dict[str, str], str]:
+    """The RunOptions entries of `memory.enable_memory_arena_shrinkage` this session has arenas for, and the load
+    line's words on them (engines/arena_shrinkage.py)."""
+    gpu = selection.device_id if selection.device == "cuda" else None
+    return arena_shrinkage.run_entries(options.arena_shrinkage, options.enable_mem_arena, gpu)
+
+
 def describe_provider(selection: Selection) -> str:
     """The provider part of an engine's load line: nothing for the plain CPU, else which provider and why."""
     return "" if selection.kind.name == "cpu" and not selection.note else f" {selection.describe()}"
@@ -165,6 +173,8 @@ class OrtEngine(Engine):
         self._path = path
         self._selection = as_selection(providers)  # engines/providers/: the entries, and the provider they are
         self._disabled = disabled_optimizers(options.session, static=False)
+        run_config, self._arena_text = arena_run_config(options.session, self._selection)
+        self.run_options = run_options_config(run_config)  # None unless memory.enable_memory_arena_shrinkage is set
         self._swap = ProfilingSwap(self._new_session())
 
     def _new_session(self, profile_prefix: Path | None = None) -> ort.InferenceSession:
@@ -182,7 +192,7 @@ class OrtEngine(Engine):
     def run(self, feeds: Mapping[str, np.ndarray], output_names: Sequence[str]) -> list[np.ndarray]:
         try:
             with self._swap.lock:
-                return self._swap.serving.run(list(output_names), dict(feeds))
+                return self._swap.serving.run(list(output_names), dict(feeds), self.run_options)
         except ort_state.InvalidArgument as exc:
             raise EngineInputError(str(exc)) from None
         except Exception as exc:
@@ -206,6 +216,7 @@ class OrtEngine(Engine):
             f"intra_op_threads={o.intra_op_thread_count or 'default'} inter_op_threads={o.inter_op_thread_count or 'default'} "
             f"execution_mode={o.execution_mode} graph_optimization_level={o.graph_optimization_level}"
             f"{describe_tuning(o, self._disabled)}{describe_provider(self._selection)}"
+            f"{' ' + self._arena_text if self._arena_text else ''}"
         )
 
     def close(self) -> None:

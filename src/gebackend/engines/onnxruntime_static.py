@@ -55,8 +55,9 @@ from gebackend.engines.base import (
     profiled_node_names,
     warm_up,
 )
-from gebackend.engines.onnxruntime import (describe_provider, describe_tuning, disabled_optimizers, open_session,
-                                           owns_process, session_options, share_thread_pool, shared_thread_pool)
+from gebackend.engines.onnxruntime import (arena_run_config, describe_provider, describe_tuning, disabled_optimizers,
+                                           open_session, owns_process, session_options, share_thread_pool,
+                                           shared_thread_pool)
 from gebackend.engines.ort_binding import BoundSession
 from gebackend.engines.providers import as_selection, run_options_config
 from gebackend.compile.graph import CompiledGraph
@@ -153,6 +154,7 @@ class OrtStaticEngine(StaticEngine):
     def _start(self, graphs: Sequence[CompiledGraph], warmup_runs: int) -> None:
         self._graphs = [self._prepare(number, graph) for number, graph in enumerate(graphs, start=1)]
         self._disabled = disabled_optimizers(self._options.session, static=True, device=self.device)
+        self._arena_config, self._arena_text = arena_run_config(self._options.session, self._selection)
         for number, graph in enumerate(self._graphs):
             runs = warmup_runs + (1 if self.device == "cuda" else 0) if graph.warm_up else 0
             bound = self._build(graph)
@@ -226,7 +228,7 @@ class OrtStaticEngine(StaticEngine):
             self._refused.append(f"{graph.label}: {str(exc).strip().splitlines()[-1][:200]}")
         self._selection.verify(session.get_providers())
         return BoundSession(session, graph, self.device, self._selection.device_id,
-                      self._selection.run_config(graph.index, capture), captured=capture)
+                      {**self._selection.run_config(graph.index, capture), **self._arena_config}, captured=capture)
 
     def _open(self, graph: _Prepared, profile_prefix: Path | None, capture: bool) -> ort.InferenceSession:
         so = session_options(self._options.session)
@@ -255,7 +257,7 @@ class OrtStaticEngine(StaticEngine):
         from ours. When the plain run succeeds, the bound buffers were at fault (an output at another size than
         compiled): the request gets the plain run's answer and those outputs are allocated per run from now on."""
         try:
-            arrays = bound.session.run(list(output_names), dict(feeds))
+            arrays = bound.session.run(list(output_names), dict(feeds), bound.run_options)
         except ort_state.InvalidArgument as again:
             raise EngineInputError(str(again)) from None
         except Exception:  # noqa: BLE001 - report the bound run's own failure
@@ -315,6 +317,7 @@ class OrtStaticEngine(StaticEngine):
             f"{' on one thread pool shared by the buckets' if self._pool == 'shared' else ''}"
             f"{describe_tuning(o, self._disabled)}"
             f"{describe_provider(self._selection)}"
+            f"{' ' + self._arena_text if self._arena_text else ''}"
         )
 
     def close(self) -> None:
