@@ -179,3 +179,20 @@ def test_defaults_kept_as_external_data_are_read_and_the_copy_links_the_rest(tmp
     np.testing.assert_array_equal(defaults.values["scale"], [1, 2, 3, 4])
     session = ort.InferenceSession(str(copy), providers=["CPUExecutionProvider"])
     np.testing.assert_allclose(session.run(None, dict(defaults.fill({"x": X})))[0], scale_shift_reference(X), rtol=1e-6)
+
+
+def test_a_static_graph_loads_from_a_copy_whose_weights_are_external_data(tmp_path):
+    """The static pipeline reads the copy with onnx, which refuses a hard-linked external data file."""
+    folder = tmp_path / "ss" / "1"
+    folder.mkdir(parents=True)
+    onnx.save(build_scale_shift(), str(folder / "model.onnx"), save_as_external_data=True, location="w.bin",
+              size_threshold=0)
+    fixed = SCALE_SHIFT_OPTIONAL.replace("-1, 4", "2, 4") + OUTPUT.replace("-1, 4", "2, 4")
+    config = _config("max_batch_size: 0\n" + fixed + 'parameters { key: "static_model" value: { string_value: "1" } }\n')
+    config["instance_group"] = [{"count": 1, "kind": "KIND_CPU"}]
+    instance = ModelInstance.load(config, folder, InstanceInfo("ss_0_0"), Log(), pin=False)
+    try:
+        assert instance.spec.static
+        np.testing.assert_allclose(instance.execute([{"x": X}])[0]["y"], scale_shift_reference(X), rtol=1e-5)
+    finally:
+        instance.close()

@@ -106,8 +106,7 @@ def aliased_model(model_config: Mapping[str, Any], path: Path, log: Callable[[st
                   temp_parent: Path | None = None) -> Path:
     """`path`, or a copy of it with config.pbtxt's names at its boundary when an `npu_ge` config pairs by position.
 
-    The copy keeps the file name and sits in a private folder (under `temp_parent`, the server's temp folder when
-    given) removed when this process ends; external data files are hard-linked into it (copied across file systems).
+    The copy is config/model_copy.py's (under `temp_parent`, the server's temp folder, when given).
     """
     if model_config.get("backend") != "npu_ge" or not (model_config.get("input") or model_config.get("output")):
         return path

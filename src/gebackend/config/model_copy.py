@@ -1,42 +1,103 @@
 """A modified copy of a model's ONNX file for the engines to load, written outside the user's repository: the npu_ge
-boundary renames (config/io_names.py) and trim_padding's freed sequence dim (runtime/padding_trim.py) write one."""
+boundary renames (config/io_names.py), optional inputs and the defaults served as constants (config/optional_inputs.py)
+and trim_padding's freed sequence dim (runtime/padding_trim.py) write one.
+
+Under `gebackend serve` (a server temp folder is given) one copy serves every instance of the server that asks for the
+same bytes: it is named after them, so a model's second instance finds it written (measured on a 97 MiB ResNet-50,
+writing a copy took 0.6 s and its size in the temp folder, which is memory where /tmp is a tmpfs); the server removes
+its temp folder at shutdown. Elsewhere each process writes its own, removed when the process ends.
+"""
 
 from __future__ import annotations
 
 import atexit
+import fcntl
+import hashlib
 import os
 import shutil
 import tempfile
 from pathlib import Path
 
+_FICLONE = 0x40049409  # linux/fs.h: FICLONE, the ioctl behind `cp --reflink`
 
-def write_model_copy(model, path: Path, temp_parent: Path | None, prefix: str) -> Path:
-    """`model` (loaded from `path` without its external data) saved as a copy the engines load instead of `path`.
 
-    The copy keeps the file name and sits in a private folder (under `temp_parent` when given, named with `prefix`)
-    removed when this process ends; external data files are hard-linked into it (copied across file systems).
-    """
+def _external_files(model, model_dir: Path) -> list[tuple[str, Path]]:
+    """Each external data location of `model` and the file it names beside `model_dir` (each once)."""
     import onnx
 
     from gebackend.config.onnx_signature import all_tensors
 
-    model_dir = path.resolve().parent
-    root = Path(tempfile.mkdtemp(prefix=prefix, dir=temp_parent))
-    atexit.register(shutil.rmtree, str(root), True)
-    # Keep <model>/<version>/<file>: external data may sit in the model folder ("../weights.bin").
-    copy_dir = root / model_dir.parent.name / model_dir.name
-    copy_dir.mkdir(parents=True)
+    found: dict[str, Path] = {}
     for tensor in all_tensors(model):
         if tensor.data_location == onnx.TensorProto.EXTERNAL:
             location = next((e.value for e in tensor.external_data if e.key == "location"), "")
-            link = Path(os.path.normpath(copy_dir / location))
-            if not link.exists():  # ONNX Runtime refuses a symlink that leads out of the model's folder
-                link.parent.mkdir(parents=True, exist_ok=True)
-                source = os.path.normpath(model_dir / location)
-                try:
-                    os.link(source, link)
-                except OSError:  # another file system
-                    shutil.copyfile(source, link)
-    copy = copy_dir / path.name
-    onnx.save(model, str(copy))
+            found.setdefault(location, Path(os.path.normpath(model_dir / location)))
+    return sorted(found.items())
+
+
+def _copy_external(copy_dir: Path, files: list[tuple[str, Path]]) -> None:
+    """Each external data file copied beside the copy: a link will not do. onnx (1.23) refuses to load a file with
+    more than one hard link (then the user's own model as well as the copy: "indicating a potential hardlink attack"),
+    and onnx, ONNX Runtime and OpenVINO all refuse a symlink leading out of the model's folder. A clone where the file
+    system can make one (btrfs, XFS: no bytes copied), else the bytes."""
+    for location, source in files:
+        target = Path(os.path.normpath(copy_dir / location))
+        if target.exists():
+            continue
+        target.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            with open(source, "rb") as src, open(target, "wb") as dst:
+                fcntl.ioctl(dst.fileno(), _FICLONE, src.fileno())
+        except OSError:  # no clones on this file system (tmpfs, ext4) or across file systems
+            shutil.copyfile(source, target)
+
+
+def _key(data: bytes, path: Path, files: list[tuple[str, Path]]) -> str:
+    """What a shared copy is named after: its bytes, and which files (and which versions of them) it copies."""
+    digest = hashlib.sha256(data)
+    digest.update(f"\0{path.name}\0{path.resolve().parent}".encode())
+    for location, source in files:
+        stat = source.stat()
+        digest.update(f"\0{location}\0{stat.st_ino}\0{stat.st_size}\0{stat.st_mtime_ns}".encode())
+    return digest.hexdigest()[:20]
+
+
+def write_model_copy(model, path: Path, temp_parent: Path | None, prefix: str) -> Path:
+    """`model` (loaded from `path` without its external data) saved as a copy the engines load instead of `path`.
+
+    The copy keeps the file name and sits in a folder of its own (under `temp_parent` when given, named with `prefix`);
+    external data files are copied beside it (`_copy_external`). With `temp_parent`, a copy of the same bytes already
+    there is reused (see the module docstring).
+    """
+    model_dir = path.resolve().parent
+    files = _external_files(model, model_dir)
+    data = model.SerializeToString()
+    if temp_parent is None:
+        root = Path(tempfile.mkdtemp(prefix=prefix))
+        atexit.register(shutil.rmtree, str(root), True)
+        return _write(root, model_dir, path.name, data, files)
+    root = Path(temp_parent) / f"{prefix}{_key(data, path, files)}"
+    # Keep <model>/<version>/<file>: external data may sit in the model folder ("../weights.bin").
+    copy = root / model_dir.parent.name / model_dir.name / path.name
+    if copy.is_file():
+        return copy
+    building = Path(tempfile.mkdtemp(prefix=f".{prefix}", dir=temp_parent))
+    try:
+        _write(building, model_dir, path.name, data, files)
+        try:
+            os.rename(building, root)  # whole or not at all: another instance sees no half-written copy
+        except OSError:  # another instance wrote it first
+            if not copy.is_file():
+                raise
+    finally:
+        shutil.rmtree(building, ignore_errors=True)
+    return copy
+
+
+def _write(root: Path, model_dir: Path, name: str, data: bytes, files: list[tuple[str, Path]]) -> Path:
+    copy_dir = root / model_dir.parent.name / model_dir.name
+    copy_dir.mkdir(parents=True, exist_ok=True)
+    _copy_external(copy_dir, files)
+    copy = copy_dir / name
+    copy.write_bytes(data)
     return copy
