@@ -68,10 +68,17 @@ def test_unknown_triton_name(name):
 
 @pytest.mark.parametrize(
     "elem_type,shown",
-    [(TensorProto.BFLOAT16, "BFLOAT16"), (TensorProto.COMPLEX64, "COMPLEX64"), (TensorProto.UNDEFINED, "UNDEFINED"), (9999, "9999")],
+    [(TensorProto.COMPLEX64, "COMPLEX64"), (TensorProto.UNDEFINED, "UNDEFINED"), (9999, "9999")],
 )
 def test_unknown_onnx_type(elem_type, shown):
     with pytest.raises(ConfigError) as info:
         dtypes.from_onnx(elem_type)
     assert shown in str(info.value)
     assert "no Triton equivalent" in str(info.value)
+
+
+def test_bfloat16_says_why_it_is_not_served_and_what_to_do():
+    """Triton has TYPE_BF16 (the onnxruntime backend serves it); the Python backend gives BF16 only through DLPack."""
+    with pytest.raises(ConfigError, match=r"BFLOAT16 \(Triton's TYPE_BF16\) is not served by ge: .*DLPack.*put Cast "
+                                          r"nodes to FLOAT \(or FLOAT16\) at the model's boundary"):
+        dtypes.from_onnx(TensorProto.BFLOAT16)

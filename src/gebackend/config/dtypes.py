@@ -53,4 +53,10 @@ def from_onnx(elem_type: int) -> DType:
         return _BY_ONNX[elem_type]
     except KeyError:
         name = TensorProto.DataType.Name(elem_type) if elem_type in TensorProto.DataType.values() else elem_type
+        if elem_type == TensorProto.BFLOAT16:
+            raise ConfigError(
+                "ONNX element type BFLOAT16 (Triton's TYPE_BF16) is not served by ge: Triton's Python backend hands "
+                "BF16 tensors over through DLPack only, which numpy cannot read, and ONNX Runtime's Python API returns "
+                "no BF16 output; put Cast nodes to FLOAT (or FLOAT16) at the model's boundary, or serve this model "
+                "with Triton's onnxruntime backend") from None
         raise ConfigError(f"ONNX element type {name} has no Triton equivalent") from None
