@@ -80,9 +80,7 @@ def served_model(config: Mapping[str, Any], path: Path, signature: Signature,
     model = onnx.load(str(path), load_external_data=False)
     graph = model.graph
     initializers = {init.name: init for init in graph.initializer}
-    defaults = [v.name for v in graph.input if v.name in initializers]
-    if not defaults:
-        return path, Defaults({})
+    defaults = [v.name for v in graph.input if v.name in initializers]  # as `signature.defaults` names them
     listed = {str(e.get("name", "")) for e in config.get("input") or []} & set(defaults)
     values = {}
     for name in sorted(listed):

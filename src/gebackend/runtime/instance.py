@@ -101,7 +101,7 @@ class ModelInstance:
         for warn, line in load_report(parsed, config, instance.kind):
             (log.warn if warn else log.info)(f"gebackend: model '{name}': {line}")
         say = lambda m: log.info(f"gebackend: model '{name}': {m}")  # noqa: E731
-        in_repository = path  # caches (TensorRT's engines) are kept beside this file, not beside a temporary copy
+        in_repository = path  # caches (TensorRT's engines, int8 models) are kept beside this file, not beside a copy
         path = aliased_model(config, path, say, server_temp_parent())  # npu_ge: names paired by position
         signature = read_signature(path)
         path, defaults = served_model(config, path, signature, say, server_temp_parent())  # optional inputs: plain ones
