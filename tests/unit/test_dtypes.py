@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 import onnx
 import pytest
@@ -22,6 +23,7 @@ ALL = [
     ("TYPE_INT32", TensorProto.INT32, np.int32, "INT32"),
     ("TYPE_INT64", TensorProto.INT64, np.int64, "INT64"),
     ("TYPE_FP16", TensorProto.FLOAT16, np.float16, "FP16"),
+    ("TYPE_BF16", TensorProto.BFLOAT16, ml_dtypes.bfloat16, "BF16"),
     ("TYPE_FP32", TensorProto.FLOAT, np.float32, "FP32"),
     ("TYPE_FP64", TensorProto.DOUBLE, np.float64, "FP64"),
     ("TYPE_STRING", TensorProto.STRING, np.object_, "BYTES"),
@@ -58,7 +60,7 @@ def test_wire_names():
     assert dtypes.from_triton("TYPE_INT64").wire == "INT64"
 
 
-@pytest.mark.parametrize("name", ["TYPE_BF16", "FP32", "TYPE_FLOAT", "", "type_fp32"])
+@pytest.mark.parametrize("name", ["TYPE_BF32", "FP32", "TYPE_FLOAT", "", "type_fp32"])
 def test_unknown_triton_name(name):
     with pytest.raises(ConfigError) as info:
         dtypes.from_triton(name)
@@ -76,9 +78,3 @@ def test_unknown_onnx_type(elem_type, shown):
     assert shown in str(info.value)
     assert "no Triton equivalent" in str(info.value)
 
-
-def test_bfloat16_says_why_it_is_not_served_and_what_to_do():
-    """Triton has TYPE_BF16 (the onnxruntime backend serves it); the Python backend gives BF16 only through DLPack."""
-    with pytest.raises(ConfigError, match=r"BFLOAT16 \(Triton's TYPE_BF16\) is not served by ge: .*DLPack.*put Cast "
-                                          r"nodes to FLOAT \(or FLOAT16\) at the model's boundary"):
-        dtypes.from_onnx(TensorProto.BFLOAT16)

@@ -20,6 +20,7 @@ import numpy as np
 import onnx
 
 from gebackend.config import dtypes
+from gebackend.engines import bfloat16
 from gebackend.engines.base import Engine
 from gebackend.errors import ConfigError, ModelLoadError
 
@@ -135,7 +136,7 @@ def random_feeds(
 
 
 def _random(name: str, shape: tuple[int, ...], dtype: np.dtype, rng: np.random.Generator, limit: int) -> np.ndarray:
-    if dtype.kind == "f":
+    if dtype.kind == "f" or dtype == dtypes.from_triton("TYPE_BF16").numpy:  # bfloat16 (ml_dtypes) is of kind "V"
         return rng.standard_normal(shape).astype(dtype)
     if dtype.kind in "iu":
         if "mask" in name.lower():
@@ -177,7 +178,7 @@ def reference_outputs(model: ModelSource, feeds: Mapping[str, np.ndarray],
     """Every output of `model` on `feeds`, by name, from a plain ONNX Runtime session (the fp32 reference)."""
     session = _session(model, providers)
     names = [o.name for o in session.get_outputs()]
-    return dict(zip(names, session.run(names, dict(feeds))))
+    return dict(zip(names, bfloat16.run(session, names, feeds)))
 
 
 def accuracy_report(
@@ -199,7 +200,7 @@ def accuracy_report(
         if isinstance(lowered_model, Engine):
             got = lowered_model.run(dict(feeds), names)
         else:
-            got = _session(lowered_model, providers).run(names, dict(feeds))
+            got = bfloat16.run(_session(lowered_model, providers), names, feeds)
     except Exception as exc:
         raise ModelLoadError(f"accuracy check failed to run: {type(exc).__name__}: {exc}") from None
     outputs = tuple(compare(n, e, g) for n, e, g in zip(names, expected, got))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import ml_dtypes
 import numpy as np
 from onnx import TensorProto
 
@@ -33,6 +34,7 @@ _TABLE = [
     DType("TYPE_INT32", TensorProto.INT32, np.dtype(np.int32)),
     DType("TYPE_INT64", TensorProto.INT64, np.dtype(np.int64)),
     DType("TYPE_FP16", TensorProto.FLOAT16, np.dtype(np.float16)),
+    DType("TYPE_BF16", TensorProto.BFLOAT16, np.dtype(ml_dtypes.bfloat16)),
     DType("TYPE_FP32", TensorProto.FLOAT, np.dtype(np.float32)),
     DType("TYPE_FP64", TensorProto.DOUBLE, np.dtype(np.float64)),
     DType("TYPE_STRING", TensorProto.STRING, np.dtype(np.object_)),
@@ -53,10 +55,4 @@ def from_onnx(elem_type: int) -> DType:
         return _BY_ONNX[elem_type]
     except KeyError:
         name = TensorProto.DataType.Name(elem_type) if elem_type in TensorProto.DataType.values() else elem_type
-        if elem_type == TensorProto.BFLOAT16:
-            raise ConfigError(
-                "ONNX element type BFLOAT16 (Triton's TYPE_BF16) is not served by ge: Triton's Python backend hands "
-                "BF16 tensors over through DLPack only, which numpy cannot read, and ONNX Runtime's Python API returns "
-                "no BF16 output; put Cast nodes to FLOAT (or FLOAT16) at the model's boundary, or serve this model "
-                "with Triton's onnxruntime backend") from None
         raise ConfigError(f"ONNX element type {name} has no Triton equivalent") from None

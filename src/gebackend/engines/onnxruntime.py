@@ -22,7 +22,7 @@ from gebackend.engines.base import (
     monotonic_from_wall_ns,
 )
 from gebackend.engines.cpu import PrecisionRun, int8_note
-from gebackend.engines import arena_shrinkage
+from gebackend.engines import arena_shrinkage, bfloat16
 from gebackend.engines.providers import Selection, as_selection, run_options_config
 from gebackend.engines.registry import EngineKind
 from gebackend.errors import ModelLoadError
@@ -176,6 +176,7 @@ class OrtEngine(Engine):
         run_config, self._arena_text = arena_run_config(options.session, self._selection)
         self.run_options = run_options_config(run_config)  # None unless memory.enable_memory_arena_shrinkage is set
         self._swap = ProfilingSwap(self._new_session())
+        self._values = bfloat16.needs_values(self._swap.serving)  # bfloat16 tensors: runs with OrtValues
 
     def _new_session(self, profile_prefix: Path | None = None) -> ort.InferenceSession:
         so = session_options(self._options.session)
@@ -192,6 +193,8 @@ class OrtEngine(Engine):
     def run(self, feeds: Mapping[str, np.ndarray], output_names: Sequence[str]) -> list[np.ndarray]:
         try:
             with self._swap.lock:
+                if self._values:
+                    return bfloat16.run_with_values(self._swap.serving, output_names, feeds, self.run_options)
                 return self._swap.serving.run(list(output_names), dict(feeds), self.run_options)
         except ort_state.InvalidArgument as exc:
             raise EngineInputError(str(exc)) from None

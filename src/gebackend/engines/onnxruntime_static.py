@@ -257,7 +257,7 @@ class OrtStaticEngine(StaticEngine):
         from ours. When the plain run succeeds, the bound buffers were at fault (an output at another size than
         compiled): the request gets the plain run's answer and those outputs are allocated per run from now on."""
         try:
-            arrays = bound.session.run(list(output_names), dict(feeds), bound.run_options)
+            arrays = bound.run_plain(feeds, output_names)
         except ort_state.InvalidArgument as again:
             raise EngineInputError(str(again)) from None
         except Exception:  # noqa: BLE001 - report the bound run's own failure

@@ -37,6 +37,7 @@ import openvino.properties.hint as hints
 
 from gebackend.config.options import BackendOptions
 from gebackend.engines.base import Engine, EngineInputError, EngineRunError, ProfiledSession, ProfilingSwap
+from gebackend.engines.bfloat16 import from_ov, ov_dtype, ov_tensor
 from gebackend.engines.cpu import PrecisionRun, fallback_note, int8_note
 from gebackend.engines.openvino_device import (CPU_DEVICE, Device, capabilities as device_capabilities, core,  # noqa: F401
                                               full_name, plugin_config, resolve_device, version)
@@ -143,11 +144,12 @@ class _Compiled:
         self.inputs: dict[str, _Port] = {}
         for index, port in enumerate(self.compiled.inputs):
             name = next((n for n in known_inputs if n in port.get_names()), port.any_name)
-            spec = _Port(name, index, np.dtype(port.element_type.to_dtype()), port.partial_shape)
+            spec = _Port(name, index, ov_dtype(port.element_type), port.partial_shape)
             for name in port.get_names():
                 self.inputs[name] = spec
         self.input_names = list(dict.fromkeys(p.name for p in self.inputs.values()))
         self.outputs: dict[str, int] = {}
+        self._output_dtypes = [ov_dtype(port.element_type) for port in self.compiled.outputs]
         for index, port in enumerate(self.compiled.outputs):
             for name in port.get_names():
                 self.outputs.setdefault(name, index)
@@ -185,7 +187,8 @@ class _Compiled:
 
     def fetch(self, output_names: Sequence[str]) -> list[np.ndarray]:
         """Copies of the requested outputs: the request's buffers are reused by the next run."""
-        return [self.request.get_output_tensor(self.outputs[n]).data.copy() for n in output_names]
+        return [from_ov(self.request.get_output_tensor(i).data, self._output_dtypes[i]).copy()
+                for i in (self.outputs[n] for n in output_names)]
 
 
 # ------------------------------------------------------------------------------------------ dynamic engine
@@ -223,7 +226,7 @@ class OvEngine(Engine):
             try:
                 held = {name: _shareable(array) for name, array in feeds.items()}  # alive until the run ends
                 for name, array in held.items():
-                    current.request.set_input_tensor(current.inputs[name].index, ov.Tensor(array, shared_memory=True))
+                    current.request.set_input_tensor(current.inputs[name].index, ov_tensor(array))
                 t0 = time.monotonic_ns()
                 current.request.infer()
                 t1 = time.monotonic_ns()

@@ -34,6 +34,7 @@ import openvino as ov
 
 from gebackend.config.options import BackendOptions
 from gebackend.engines.base import EngineRunError, ProfiledSession, ProfilingSwap, StaticEngine, bucket_label, warm_up
+from gebackend.engines.bfloat16 import from_ov
 from gebackend.engines.openvino import _Compiled, _describe, _message, _read, resolve_device, resolve_precision
 from gebackend.engines.openvino_profile import _Profile, _profile_file
 from gebackend.errors import ModelLoadError
@@ -47,9 +48,9 @@ class _Bucket:
         self.buffers: dict[str, np.ndarray] = {}
         for name in compiled.input_names:
             port = compiled.inputs[name]
-            tensor = ov.Tensor(ov.Type(port.dtype), list(shapes[name]))
+            tensor = ov.Tensor(compiled.compiled.inputs[port.index].element_type, list(shapes[name]))
             compiled.request.set_input_tensor(port.index, tensor)
-            self.buffers[name] = tensor.data  # a writable view of the tensor's memory
+            self.buffers[name] = from_ov(tensor.data, port.dtype)  # a writable view of the tensor's memory
         self.output_names = [p.any_name for p in compiled.compiled.outputs]
 
     def run(self, feeds: Mapping[str, np.ndarray], output_names: Sequence[str], profile: _Profile | None):

@@ -3,8 +3,9 @@
 A run copies the feeds into the bound input buffers, runs, and copies the outputs out of theirs (the buffers are
 reused by the next run). Outputs whose shape is known only at run time are re-bound before every run so ONNX
 Runtime allocates them at this run's size; `unbind_mismatched` moves a bound output to that per-run allocation once
-a correct answer shows another shape than compiled. A session with a tensor type IOBinding cannot take (strings)
-runs through `session.run`. On CUDA the buffers live in device memory (where a captured CUDA graph needs them).
+a correct answer shows another shape than compiled. A session with a tensor type IOBinding cannot take (strings,
+bfloat16) runs without the bound buffers (`run_plain`). On CUDA the buffers live in device memory (where a captured
+CUDA graph needs them).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Mapping, Protocol, Sequence
 import numpy as np
 import onnxruntime as ort
 
+from gebackend.engines import bfloat16
 from gebackend.engines.providers import run_options_config
 from gebackend.errors import ModelLoadError
 
@@ -39,8 +41,9 @@ class BoundSession:
         self.outputs: dict[str, object | None] = {}
         # strings (and other types IOBinding cannot take) run through session.run, on this same session
         self.plain = not all(m.type in _ORT_TYPES for m in [*session.get_inputs(), *session.get_outputs()])
+        self._values = bfloat16.needs_values(session)  # bfloat16 tensors: plain runs with OrtValues
         if self.plain:
-            self.inputs = {m.name: np.zeros(graph.shapes[m.name], _ORT_TYPES[m.type]) if m.type in _ORT_TYPES
+            self.inputs = {m.name: np.zeros(graph.shapes[m.name], _PLAIN_TYPES[m.type]) if m.type in _PLAIN_TYPES
                            else np.full(graph.shapes[m.name], "", dtype=object) for m in session.get_inputs()}
             return  # (these arrays only give the warm-up its shapes and types)
         self.binding = session.io_binding()
@@ -76,7 +79,7 @@ class BoundSession:
     def run(self, feeds: Mapping[str, np.ndarray], output_names: Sequence[str], options: ort.RunOptions | None = None) -> list[np.ndarray]:
         options = options if options is not None else self.run_options
         if self.plain:
-            return self.session.run(list(output_names), {name: feeds[name] for name in self.inputs}, options)
+            return self.run_plain({name: feeds[name] for name in self.inputs}, output_names, options)
         for name, value in self.inputs.items():
             if self.device == "cuda":
                 value.update_inplace(np.ascontiguousarray(feeds[name]))
@@ -101,6 +104,14 @@ class BoundSession:
                 result.append(value.copy())  # the buffer is reused by the next run
         return result
 
+    def run_plain(self, feeds: Mapping[str, np.ndarray], output_names: Sequence[str],
+                  options: ort.RunOptions | None = None) -> list[np.ndarray]:
+        """`session.run` without the bound buffers (bfloat16 tensors through OrtValues): raises what it raises."""
+        options = options if options is not None else self.run_options
+        if self._values:
+            return bfloat16.run_with_values(self.session, output_names, feeds, options)
+        return self.session.run(list(output_names), dict(feeds), options)
+
     def unbind_mismatched(self, output_names: Sequence[str], arrays: Sequence[np.ndarray]) -> None:
         """Allocate per run, from now on, every bound output these (correct) arrays show to have another shape."""
         if self.device != "cpu" or self.plain:
@@ -119,6 +130,8 @@ _ORT_TYPES = {
     "tensor(uint64)": np.uint64, "tensor(uint32)": np.uint32, "tensor(uint16)": np.uint16, "tensor(uint8)": np.uint8,
     "tensor(bool)": np.bool_,
 }
+# what a plain session (one IOBinding cannot take) gets as its warm-up arrays: bfloat16 runs through OrtValues
+_PLAIN_TYPES = {**_ORT_TYPES, "tensor(bfloat16)": bfloat16.BF16}
 
 
 def _numpy_type(ort_type: str):

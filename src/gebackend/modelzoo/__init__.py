@@ -12,6 +12,7 @@ from .bert import build_bert
 from .defaults import SCALE_SHIFT_OPTIONAL, build_scale_shift, initializers_as_inputs, scale_shift_reference
 from .misc import (
     build_add_mul,
+    build_bf16_affine,
     build_constant_of_shape_weight,
     build_identity_fixed,
     build_mod_constant,
@@ -32,6 +33,7 @@ __all__ = [
     "build_accumulator",
     "build_add_mul",
     "build_bert",
+    "build_bf16_affine",
     "build_constant_of_shape_weight",
     "build_example_repository",
     "build_identity_fixed",

@@ -120,3 +120,16 @@ def build_row_scale() -> onnx.ModelProto:
         [tensor_info("y", FLOAT, ["batch", 4])],
         doc="Scales each row by its own scalar input (gebackend test model).",
     )
+
+
+def build_bf16_affine() -> onnx.ModelProto:
+    """``y = x * 2 + 1`` in float32 for a bfloat16 ``x`` of shape ``[batch, 4]``: ``y`` bfloat16 (the input and output
+    type Triton calls TYPE_BF16) and ``y32`` float32. CPU kernels compute in float32, so the graph casts at its edges."""
+    g = GraphBuilder("bf16_affine")
+    y32 = g.op("Add", g.op("Mul", g.op("Cast", "x", to=onnx.TensorProto.FLOAT), g.const(2.0, "two")),
+               g.const(1.0, "one"), name="y32")
+    g.op("Cast", y32, to=onnx.TensorProto.BFLOAT16, name="y")
+    bf16 = onnx.TensorProto.BFLOAT16
+    return g.build([tensor_info("x", bf16, ["batch", 4])],
+                   [tensor_info("y", bf16, ["batch", 4]), tensor_info("y32", FLOAT, ["batch", 4])],
+                   doc="bfloat16 in and out, float32 inside (gebackend test model).")

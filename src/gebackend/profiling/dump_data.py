@@ -51,12 +51,13 @@ def run_everything(model_path: str | Path, feeds: Mapping[str, np.ndarray]) -> t
     """The model and the value of every graph input and node output for `feeds`."""
     import onnx
 
+    from gebackend.engines import bfloat16
     from gebackend.engines.onnxruntime import internal_options, open_session
 
     model = onnx.load(str(model_path))
     session = open_session(exposed_model(model), internal_options(optimize=False))
     names = [o.name for o in session.get_outputs()]
-    values = dict(zip(names, session.run(names, dict(feeds))))
+    values = dict(zip(names, bfloat16.run(session, names, feeds)))
     values.update({k: np.asarray(v) for k, v in feeds.items()})
     return model, values
 

@@ -21,6 +21,8 @@ from gebackend.config.spec import reconcile
 from gebackend.errors import GeBackendError, InvalidRequest, named
 from gebackend.runtime.instance import InstanceInfo, ModelInstance, parsed_options
 from gebackend.runtime.sequence_state import SequenceKey
+from gebackend.engines.bfloat16 import BF16
+from gebackend.triton.bf16_tensors import bf16_tensor, read_bf16
 from gebackend.triton.metrics import BackendMetrics
 
 
@@ -95,7 +97,7 @@ class ServedModel:
 
     def execute(self, requests: list) -> list:
         pb = self.pb
-        batch = [{(name := t.name()): self._to_model(name, _to_engine(t.as_numpy())) for t in request.inputs()}
+        batch = [{(name := t.name()): self._to_model(name, _to_engine(_as_numpy(t))) for t in request.inputs()}
                  for request in requests]
         keys = None
         if self.instance.sequences is not None:  # a stateful model: which sequence each request continues
@@ -108,7 +110,8 @@ class ServedModel:
                 responses.append(pb.InferenceResponse(output_tensors=[], error=pb.TritonError(str(result), code)))
                 continue
             wanted = request.requested_output_names() or list(result)
-            tensors = [pb.Tensor(name, self._to_wire(name, _to_triton(result[name]))) for name in wanted if name in result]
+            tensors = [self._tensor(name, self._to_wire(name, _to_triton(result[name]))) for name in wanted
+                       if name in result]
             responses.append(pb.InferenceResponse(output_tensors=tensors))
         return responses
 
@@ -116,6 +119,11 @@ class ServedModel:
         """A scalar input of a model without batching arrives as [1] (its config dims): the model takes it as []."""
         dims = self._scalar_inputs.get(name)
         return array.reshape(()) if dims is not None and array.shape == dims else array
+
+    def _tensor(self, name: str, array: np.ndarray) -> Any:
+        if array.dtype == BF16:  # pb_utils.Tensor refuses bfloat16 arrays
+            return bf16_tensor(self.pb, name, array)
+        return self.pb.Tensor(name, array)
 
     def _to_wire(self, name: str, array: np.ndarray) -> np.ndarray:
         dims = self._scalar_outputs.get(name)
@@ -125,6 +133,17 @@ class ServedModel:
         if self.metrics is not None:
             self.metrics.close()
         self.instance.close()
+
+
+def _as_numpy(tensor: Any) -> np.ndarray:
+    try:
+        return tensor.as_numpy()
+    except Exception:  # BF16 ("cannot be converted to NumPy"): read through DLPack; anything else: as it was
+        try:
+            return read_bf16(tensor)
+        except ValueError:
+            pass
+        raise
 
 
 def _to_engine(array: np.ndarray) -> np.ndarray:
