@@ -128,6 +128,8 @@ def compare(want: Sequence[Any], got: Sequence[Any], rtol: float, atol: float) -
             continue
         if g.dtype != w.dtype:
             return f"output {index}: dtype {g.dtype}, the reference has {w.dtype}"
+        if w.dtype.kind == "V":  # bfloat16 (ml_dtypes): numpy's testing compares it as float32
+            g, w = g.astype(np.float32), w.astype(np.float32)
         try:
             np.testing.assert_allclose(g, w, rtol=rtol, atol=atol)
         except AssertionError as exc:

@@ -34,8 +34,8 @@ def summary(results: dict[str, dict[str, str | None]], engine: str) -> dict[str,
 def skip_kind(why: str) -> str:
     if "sequence or optional" in why or "optional_type" in why or "sequence_type" in why or "map_type" in why:
         return "sequence/optional/map input or output (only tensors can be served)"
-    if "has no Triton equivalent" in why or "is not served by ge" in why:
-        return "element type ge cannot serve (bfloat16: Triton hands BF16 to a Python backend through DLPack only; float8, float4, int4/uint4, int2/uint2: no Triton equivalent)"
+    if "has no Triton equivalent" in why:
+        return "element type with no Triton equivalent (float8, float4, int4/uint4, int2/uint2)"
     if "empty tensor" in why:
         return "empty input tensor (the request validation answers 400)"
     return why
