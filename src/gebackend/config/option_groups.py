@@ -44,6 +44,9 @@ class OrtSessionOptions:
     # ORT's session.intra_op_thread_affinities: the logical processors (from 1) of each intra-op worker thread, e.g.
     # "2;3" or "2,3;4"; empty: ORT's own placement. lend_idle_cores sets it for the engine on the borrowed cores
     intra_op_thread_affinities: str = ""
+    # config.pbtxt model_operations { op_library_filename }: ONNX Runtime custom operator libraries every session of
+    # the model registers (Triton's onnxruntime backend does the same); no key sets it
+    custom_op_libraries: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -242,7 +242,7 @@ _KEYS.update({key: _TARGETS[target] for key, target in ALIASES.items() if key !=
 
 KNOWN_KEYS = frozenset(_KEYS)
 # Fields no key sets: config.pbtxt's sections alone give them (_config_sections).
-SECTION_ONLY_FIELDS = frozenset({"accelerators"})
+SECTION_ONLY_FIELDS = frozenset({"accelerators", "custom_op_libraries"})
 
 
 @dataclass(frozen=True)
@@ -320,7 +320,7 @@ def parse_options(
 
 
 def _config_sections(model_name: str, model_config: Mapping[str, Any], values: dict, sources: dict) -> None:
-    """config.pbtxt's `optimization` settings, as Triton's onnxruntime backend reads them."""
+    """config.pbtxt's `optimization` settings and `model_operations`, as Triton's onnxruntime backend reads them."""
     if level := graph_level_from_config(model_name, model_config):
         values["graph_optimization_level"] = level
         sources["graph_optimization_level"] = "optimization.graph.level"
@@ -331,6 +331,10 @@ def _config_sections(model_name: str, model_config: Mapping[str, Any], values: d
     if accelerators.cpu:  # the peer's cpu_execution_accelerator: the engine that runs it
         values["engine"] = engine_registry.CPU_ACCELERATORS[accelerators.cpu[0]]
         sources["engine"] = "optimization.execution_accelerators"
+    libraries = (model_config.get("model_operations") or {}).get("op_library_filename") or []
+    if libraries:  # the peer registers each with every session (RegisterCustomOpsLibrary)
+        values["custom_op_libraries"] = tuple(str(path) for path in libraries)
+        sources["custom_op_libraries"] = "model_operations.op_library_filename"
 
 
 def parse_backend_config_args(args: list[str], backend_names: tuple[str, ...] = ("ge", "npu_ge")) -> tuple[dict[str, str], list[str]]:

@@ -106,6 +106,30 @@ def session_options(options: OrtSessionOptions) -> ort.SessionOptions:
         so.add_session_config_entry("session.force_spinning_stop", "1")
     if options.intra_op_thread_affinities:
         so.add_session_config_entry("session.intra_op_thread_affinities", options.intra_op_thread_affinities)
+    register_custom_ops(so, options.custom_op_libraries)
+    return so
+
+
+def custom_ops_hint(message: str, libraries: Sequence[str]) -> str:
+    """What to add to ONNX Runtime's load failure over an operator it does not know (`… is not a registered
+    function/op`): where its library goes, or that the libraries given do not hold it."""
+    if "is not a registered function/op" not in message:
+        return ""
+    if libraries:
+        return f"; the custom operator libraries given ({', '.join(libraries)}) do not hold it"
+    return ("; if it is a custom operator, name its library in config.pbtxt: "
+            'model_operations { op_library_filename: "/path/to/lib.so" }')
+
+
+def register_custom_ops(so: ort.SessionOptions, libraries: Sequence[str]) -> ort.SessionOptions:
+    """Register config.pbtxt's `model_operations { op_library_filename }` libraries with these session options, as
+    Triton's onnxruntime backend does; `ModelLoadError` naming the library that does not load."""
+    for library in libraries:
+        try:
+            so.register_custom_ops_library(library)
+        except Exception as exc:  # onnxruntime raises Fail / RuntimeError for a file it cannot load
+            raise ModelLoadError(f"cannot load the custom operator library {library} (model_operations "
+                                 f"op_library_filename): {str(exc).strip().splitlines()[-1]}") from None
     return so
 
 
@@ -186,7 +210,8 @@ class OrtEngine(Engine):
         try:
             session = open_session(self._path, so, self._selection, self._disabled, fallback=not self._selection.accelerated)
         except Exception as exc:
-            raise ModelLoadError(f"ONNX Runtime cannot load {self._path}: {exc}") from None
+            hint = custom_ops_hint(str(exc), self._options.session.custom_op_libraries)
+            raise ModelLoadError(f"ONNX Runtime cannot load {self._path}: {exc}{hint}") from None
         self._selection.verify(session.get_providers())
         return session
 

@@ -55,9 +55,9 @@ from gebackend.engines.base import (
     profiled_node_names,
     warm_up,
 )
-from gebackend.engines.onnxruntime import (arena_run_config, describe_provider, describe_tuning, disabled_optimizers,
-                                           open_session, owns_process, session_options, share_thread_pool,
-                                           shared_thread_pool)
+from gebackend.engines.onnxruntime import (arena_run_config, custom_ops_hint, describe_provider, describe_tuning,
+                                           disabled_optimizers, open_session, owns_process, session_options,
+                                           share_thread_pool, shared_thread_pool)
 from gebackend.engines.ort_binding import BoundSession
 from gebackend.engines.providers import as_selection, run_options_config
 from gebackend.compile.graph import CompiledGraph
@@ -220,7 +220,9 @@ class OrtStaticEngine(StaticEngine):
             session = self._open(graph, profile_prefix, capture)
         except Exception as exc:
             if not capture:
-                raise ModelLoadError(f"ONNX Runtime cannot build the static graph for {dict(graph.shapes)}: {exc}") from None
+                hint = custom_ops_hint(str(exc), self._options.session.custom_op_libraries)
+                raise ModelLoadError(f"ONNX Runtime cannot build the static graph for {dict(graph.shapes)}: {exc}"
+                                     f"{hint}") from None
             try:  # e.g. "all compute graph nodes have not been partitioned to the CUDA EP": run it uncaptured
                 session, capture = self._open(graph, profile_prefix, False), False
             except Exception:  # noqa: BLE001 - the captured build's failure says more

@@ -133,3 +133,23 @@ def build_bf16_affine() -> onnx.ModelProto:
     return g.build([tensor_info("x", bf16, ["batch", 4])],
                    [tensor_info("y", bf16, ["batch", 4]), tensor_info("y32", FLOAT, ["batch", 4])],
                    doc="bfloat16 in and out, float32 inside (gebackend test model).")
+
+
+CONTRIB = "ai.onnx.contrib"  # onnxruntime-extensions' operator domain
+
+
+def build_custom_negpos() -> onnx.ModelProto:
+    """``y = 2 * max(x, 0) + min(x, 0)`` for float32 ``x`` of shape ``[batch, 4]``, through onnxruntime-extensions'
+    custom operator ``NegPos`` (domain ``ai.onnx.contrib``): ONNX Runtime runs it only with that library registered
+    (config.pbtxt ``model_operations { op_library_filename }``)."""
+    nodes = [onnx.helper.make_node("NegPos", ["x"], ["neg", "pos"], domain=CONTRIB, name="negpos"),
+             onnx.helper.make_node("Add", ["pos", "pos"], ["pos2"], name="double"),
+             onnx.helper.make_node("Add", ["pos2", "neg"], ["y"], name="sum")]
+    graph = onnx.helper.make_graph(nodes, "custom_negpos", [tensor_info("x", FLOAT, ["batch", 4])],
+                                   [tensor_info("y", FLOAT, ["batch", 4])])
+    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17),
+                                                         onnx.helper.make_opsetid(CONTRIB, 1)],
+                                   producer_name="gebackend.modelzoo")
+    model.ir_version = 8
+    onnx.checker.check_model(model)  # no full check: onnx has no schema for a custom domain's ops
+    return model

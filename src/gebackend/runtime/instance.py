@@ -35,6 +35,7 @@ from gebackend.runtime.sequence_state import SequenceKey, SequenceStates
 from gebackend.control.heartbeat import Heartbeat
 from gebackend.control.timing_lock import loading
 from gebackend.control.env import control_dir, server_temp_parent
+from gebackend.errors import ConfigError
 
 
 class InstanceLog(Protocol):
@@ -248,7 +249,16 @@ def _sized_to_allowance(name: str, options, log: InstanceLog):
 
 
 def _resolve_auto(options: BackendOptions, path: Path, say: Callable[[str], None]) -> BackendOptions:
-    """`engine=auto` / `precision_mode=auto` made concrete for this model on this CPU (engines/auto_choice.py)."""
+    """`engine=auto` / `precision_mode=auto` made concrete for this model on this CPU (engines/auto_choice.py); a model
+    with custom operator libraries (`model_operations`) runs on ONNX Runtime, the engine they load into."""
+    if options.session.custom_op_libraries:
+        if options.engines.engine == "auto":
+            say("engine=auto -> onnxruntime (model_operations' custom operator libraries load into ONNX Runtime only)")
+            options = options.replace(engine="onnxruntime")
+        elif options.engines.engine != "onnxruntime":
+            raise ConfigError(f"model_operations' op_library_filename {list(options.session.custom_op_libraries)} "
+                              f"holds ONNX Runtime custom operators, which engine={options.engines.engine} cannot run; "
+                              f"set engine=onnxruntime (or auto)")
     choice = options.engines
     if "auto" not in (choice.engine, choice.precision_mode):
         return options
