@@ -5,6 +5,7 @@ onnxruntime backend does; the answers are the operator's, batched requests inclu
 from __future__ import annotations
 
 import numpy as np
+import onnxruntime_extensions as ortx  # pyproject's test extra: a real custom operator library
 import pytest
 import tritonclient.http as httpclient
 
@@ -14,7 +15,6 @@ from .conftest import add_model, params
 from .server import start_server
 
 pytestmark = pytest.mark.e2e
-ortx = pytest.importorskip("onnxruntime_extensions")  # a test dependency (pyproject's test extra)
 
 
 @pytest.fixture(scope="module")

@@ -5,6 +5,7 @@ with its `NegPos` operator in both graph modes; what cannot work is refused nami
 from __future__ import annotations
 
 import numpy as np
+import onnxruntime_extensions as ortx  # pyproject's test extra: a real custom operator library
 import onnx
 import pytest
 
@@ -12,8 +13,6 @@ from gebackend.config.options import parse_options
 from gebackend.errors import ConfigError, ModelLoadError
 from gebackend.modelzoo import build_custom_negpos
 from gebackend.runtime.instance import InstanceInfo, ModelInstance
-
-ortx = pytest.importorskip("onnxruntime_extensions")  # a test dependency (pyproject's test extra)
 
 
 class Log:
