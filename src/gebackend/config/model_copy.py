@@ -4,13 +4,15 @@ and trim_padding's freed sequence dim (runtime/padding_trim.py) write one.
 
 Under `gebackend serve` (a server temp folder is given) one copy serves every instance of the server that asks for the
 same bytes: it is named after them, so a model's second instance finds it written (measured on a 97 MiB ResNet-50,
-writing a copy took 0.6 s and its size in the temp folder, which is memory where /tmp is a tmpfs); the server removes
-its temp folder at shutdown. Elsewhere each process writes its own, removed when the process ends.
+writing a copy took 0.6 s and its size in the temp folder, which is memory where /tmp is a tmpfs). The last process
+using a copy removes it when it ends (a model unloaded or replaced by a new version leaves nothing behind); the server
+removes its temp folder at shutdown. Elsewhere each process writes its own, removed when the process ends.
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import fcntl
 import hashlib
 import os
@@ -79,19 +81,62 @@ def write_model_copy(model, path: Path, temp_parent: Path | None, prefix: str) -
     root = Path(temp_parent) / f"{prefix}{_key(data, path, files)}"
     # Keep <model>/<version>/<file>: external data may sit in the model folder ("../weights.bin").
     copy = root / model_dir.parent.name / model_dir.name / path.name
-    if copy.is_file():
-        return copy
-    building = Path(tempfile.mkdtemp(prefix=f".{prefix}", dir=temp_parent))
-    try:
-        _write(building, model_dir, path.name, data, files)
+    with _lock(root):
+        _use(root)  # before the copy is looked at: the last user leaving removes it (`_leave`)
+        if copy.is_file():
+            return copy
+        building = Path(tempfile.mkdtemp(prefix=f".{prefix}", dir=temp_parent))
         try:
-            os.rename(building, root)  # whole or not at all: another instance sees no half-written copy
-        except OSError:  # another instance wrote it first
-            if not copy.is_file():
-                raise
-    finally:
-        shutil.rmtree(building, ignore_errors=True)
+            _write(building, model_dir, path.name, data, files)
+            os.rename(building, root)  # whole or not at all
+        finally:
+            shutil.rmtree(building, ignore_errors=True)
     return copy
+
+
+@contextlib.contextmanager
+def _lock(root: Path):
+    """The shared copy's lock (between the processes of one server): writing it, joining and leaving its users."""
+    with open(f"{root}.lock", "a+") as handle:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+        yield
+
+
+def _users(root: Path) -> Path:
+    return Path(f"{root}.users")
+
+
+def _use(root: Path) -> None:
+    """This process uses the copy at `root` until it ends (its engines may read the file again: a profiling session)."""
+    users = _users(root)
+    users.mkdir(exist_ok=True)
+    mine = users / str(os.getpid())
+    if not mine.exists():
+        mine.touch()
+        atexit.register(_leave, root)
+
+
+def _leave(root: Path) -> None:
+    """At this process's end: no longer a user of the copy; the last user, dead ones aside, removes it."""
+    try:
+        with _lock(root):
+            users = _users(root)
+            (users / str(os.getpid())).unlink(missing_ok=True)
+            if not any(_alive(int(p.name)) for p in users.iterdir() if p.name.isdigit()):
+                shutil.rmtree(root, ignore_errors=True)
+                shutil.rmtree(users, ignore_errors=True)
+    except OSError:  # the server's temp folder is already gone: nothing left to remove
+        pass
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _write(root: Path, model_dir: Path, name: str, data: bytes, files: list[tuple[str, Path]]) -> Path:
