@@ -20,6 +20,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from gebackend.control.registry import process_alive
+
 _FICLONE = 0x40049409  # linux/fs.h: FICLONE, the ioctl behind `cp --reflink`
 
 
@@ -122,21 +124,11 @@ def _leave(root: Path) -> None:
         with _lock(root):
             users = _users(root)
             (users / str(os.getpid())).unlink(missing_ok=True)
-            if not any(_alive(int(p.name)) for p in users.iterdir() if p.name.isdigit()):
+            if not any(process_alive(int(p.name)) for p in users.iterdir() if p.name.isdigit()):
                 shutil.rmtree(root, ignore_errors=True)
                 shutil.rmtree(users, ignore_errors=True)
     except OSError:  # the server's temp folder is already gone: nothing left to remove
         pass
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _write(root: Path, model_dir: Path, name: str, data: bytes, files: list[tuple[str, Path]]) -> Path:

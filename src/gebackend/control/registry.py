@@ -31,7 +31,8 @@ def unregister(http_port: int) -> None:
     (registry_dir() / f"{http_port}.json").unlink(missing_ok=True)
 
 
-def _alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
+    """Whether process `pid` exists (one of another user counts as alive)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -51,7 +52,7 @@ def sweep_stale(shm_dir: Path = Path("/dev/shm")) -> list[str]:
             pid, control = int(data["pid"]), Path(data["control_dir"])
         except (OSError, ValueError, KeyError, TypeError):
             continue
-        if _alive(pid):
+        if process_alive(pid):
             continue
         workdir = control.parent
         if control.name == "control" and workdir.name.startswith("gebackend-") and workdir.is_dir():
