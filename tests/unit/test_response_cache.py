@@ -24,3 +24,7 @@ def test_models_asking_for_the_cache_are_named_until_a_cache_is_given(tmp_path):
     assert cache_note(tmp_path, ["--cache-config=local,size=1048576"]) is None
     (tmp_path / "cached" / "config.pbtxt").write_text('backend: "ge"\n')
     assert cache_note(tmp_path, []) is None
+
+
+def test_a_missing_repository_is_left_for_the_server_to_report(tmp_path):
+    assert asking_models(tmp_path / "nope") == [] and cache_note(tmp_path / "nope", []) is None

@@ -17,7 +17,11 @@ def asking_models(repository: Path) -> list[str]:
     from gebackend.config.pbtxt import load_model_config
 
     found = []
-    for folder in sorted(p for p in Path(repository).iterdir() if p.is_dir() and not p.name.startswith(".")):
+    try:
+        folders = sorted(p for p in Path(repository).iterdir() if p.is_dir() and not p.name.startswith("."))
+    except OSError:  # no such folder, or unreadable: the server says so, with its own words
+        return []
+    for folder in folders:
         path = folder / "config.pbtxt"
         try:
             config = load_model_config(path) if path.is_file() else {}
