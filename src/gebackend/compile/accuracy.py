@@ -136,7 +136,7 @@ def random_feeds(
 
 
 def _random(name: str, shape: tuple[int, ...], dtype: np.dtype, rng: np.random.Generator, limit: int) -> np.ndarray:
-    if dtype.kind == "f" or dtype == dtypes.from_triton("TYPE_BF16").numpy:  # bfloat16 (ml_dtypes) is of kind "V"
+    if dtype.kind == "f" or dtype == bfloat16.BF16:  # bfloat16 (ml_dtypes) is of kind "V"
         return rng.standard_normal(shape).astype(dtype)
     if dtype.kind in "iu":
         if "mask" in name.lower():

@@ -64,7 +64,7 @@ class Defaults:
     def fill(self, feeds: Mapping[str, np.ndarray]) -> Mapping[str, np.ndarray]:
         if all(name in feeds for name in self.values):
             return feeds
-        return {**{n: v for n, v in self.values.items() if n not in feeds}, **feeds}
+        return {**self.values, **feeds}  # what a request sends wins
 
 
 def served_model(config: Mapping[str, Any], path: Path, signature: Signature,

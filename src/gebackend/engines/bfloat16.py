@@ -13,10 +13,11 @@ from __future__ import annotations
 import ctypes
 from typing import Mapping, Sequence
 
-import ml_dtypes
 import numpy as np
 
-BF16 = np.dtype(ml_dtypes.bfloat16)
+from gebackend.config import dtypes
+
+BF16 = dtypes.from_triton("TYPE_BF16").numpy  # ml_dtypes' bfloat16, as the type table has it
 _ORT_BF16 = "tensor(bfloat16)"
 
 
