@@ -13,15 +13,9 @@ from gebackend.config import dtypes
 from gebackend.modelzoo import build_bf16_affine
 from gebackend.runtime.instance import InstanceInfo, ModelInstance
 
+from test_instance import Log
+
 BF16 = np.dtype(ml_dtypes.bfloat16)
-
-
-class Log:
-    def info(self, message: str) -> None:
-        pass
-
-    def warn(self, message: str) -> None:
-        pass
 
 
 def _reference(x: np.ndarray) -> dict[str, np.ndarray]:

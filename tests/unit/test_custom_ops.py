@@ -14,16 +14,7 @@ from gebackend.errors import ConfigError, ModelLoadError
 from gebackend.modelzoo import build_custom_negpos
 from gebackend.runtime.instance import InstanceInfo, ModelInstance
 
-
-class Log:
-    def __init__(self):
-        self.lines: list[str] = []
-
-    def info(self, message: str) -> None:
-        self.lines.append(message)
-
-    def warn(self, message: str) -> None:
-        self.lines.append(message)
+from test_instance import Log
 
 
 def _config(libraries: list[str], **params: str) -> dict:
@@ -60,7 +51,7 @@ def test_a_model_with_custom_operators_runs_with_their_library(folder, params):
             np.testing.assert_array_equal(result["y"], np.where(x > 0, 2 * x, x))
         if params.get("engine") == "auto":
             assert any("engine=auto -> onnxruntime (model_operations' custom operator libraries load into ONNX Runtime"
-                       in line for line in log.lines), log.lines
+                       in line for _, line in log.lines), log.lines
     finally:
         instance.close()
 

@@ -22,14 +22,8 @@ from gebackend.modelzoo import SCALE_SHIFT_OPTIONAL, build_add_mul, build_scale_
 from gebackend.runtime.instance import InstanceInfo, ModelInstance
 from gebackend.runtime.validation import validate_request
 
+from test_instance import Log
 
-
-class Log:
-    def info(self, message: str) -> None:
-        pass
-
-    def warn(self, message: str) -> None:
-        pass
 
 OUTPUT = 'output [ { name: "y" data_type: TYPE_FP32 dims: [ -1, 4 ] } ]\n'
 X = np.arange(8, dtype=np.float32).reshape(2, 4) / 8
