@@ -1,6 +1,6 @@
 """Configs written for the peers, served through `gebackend serve` and the real tritonserver: Ascend ge-backend's own
 example (example/resnet/config.pbtxt, verbatim, with its layout), Triton onnxruntime-backend sections
-(`optimization { graph, execution_accelerators }`), Triton's `model_warmup`, ge-backend's device and `ge.*` keys
+(`optimization { graph, execution_accelerators }`, `session.use_device_allocator_for_initializers`), Triton's `model_warmup`, ge-backend's device and `ge.*` keys
 and `dump_data`, and a config.pbtxt that does not parse beside models that do."""
 
 from __future__ import annotations
@@ -149,7 +149,7 @@ def peers(tmp_path_factory):
     (repo / "resnet" / "config.pbtxt").write_text(GE_BACKEND_RESNET_CONFIG, encoding="utf-8")
     add_model(repo, "ort_peer", 'backend: "ge"\nmax_batch_size: 4\n' + ONE_CPU + ORT_PEER_SECTIONS, build_add_mul())
     add_model(repo, "ort_peer_engine_param", 'backend: "ge"\nmax_batch_size: 4\n' + ONE_CPU + ORT_PEER_SECTIONS
-              + params(engine="onnxruntime"), build_add_mul())
+              + params(engine="onnxruntime", **{"session.use_device_allocator_for_initializers": "1"}), build_add_mul())
     add_model(repo, "warmed_up", 'backend: "ge"\nmax_batch_size: 4\n' + ONE_CPU + WARMUP
               + params(dump_data="1", profiling_dir=str(dumps)), build_add_mul())
     add_model(repo, "ge_keys", 'backend: "npu_ge"\nmax_batch_size: 4\n' + ONE_CPU + params(**{
@@ -227,6 +227,7 @@ def test_onnxruntime_backend_sections(peers):
             "1073741824, trt_engine_cache_enable=True): for KIND_GPU instances; this CPU instance runs without it") in out, out[-5000:]
     line = load_line(out, "ort_peer_engine_param")
     assert "onnxruntime" in line and "graph_optimization_level=disable" in line, line  # level 2: disable all
+    assert "session.use_device_allocator_for_initializers=1" in line, line  # the newer peers' key, carried
     assert "the config.pbtxt parameter engine=onnxruntime wins" in out
     for model in ("ort_peer", "ort_peer_engine_param"):
         feeds = add_mul_feeds(3)

@@ -31,21 +31,24 @@ def test_entries_without_an_arena_are_dropped_saying_why():
     assert run_entries("", True, None) == ({}, "")
 
 
-@pytest.mark.parametrize("static", [False, True])
-def test_every_run_carries_the_entry_and_answers_the_same(tmp_path, static):
+def load_add_mul(tmp_path, params: dict[str, str]):
+    """(executor, load line) of the add/mul model with these config.pbtxt parameters, max_batch_size 8."""
     from gebackend.config.onnx_signature import read_signature
     from gebackend.config.spec import build_model_spec
     from gebackend.runtime.loader import load_executor
 
     path = tmp_path / "am" / "1" / "model.onnx"
-    path.parent.mkdir(parents=True)
+    path.parent.mkdir(parents=True, exist_ok=True)
     onnx.save(build_add_mul(), str(path))
     tensors = [{"name": n, "data_type": "TYPE_FP32", "dims": [4]} for n in ("x", "y")]
     config = {"name": "am", "max_batch_size": 8, "input": tensors}
+    return load_executor(build_model_spec(config, read_signature(path), path, parse_options("am", {}, params).options))
+
+
+@pytest.mark.parametrize("static", [False, True])
+def test_every_run_carries_the_entry_and_answers_the_same(tmp_path, static):
     params = {RUN_CONFIG_KEY: "cpu:0;gpu:0", **({"static_model": "1"} if static else {})}
-    options = parse_options("am", {}, params).options
-    lines: list[str] = []
-    executor, how = load_executor(build_model_spec(config, read_signature(path), path, options), log=lines.append)
+    executor, how = load_add_mul(tmp_path, params)
     assert f"{RUN_CONFIG_KEY}=cpu:0 (gpu:0 dropped: this session runs on the CPU only)" in how, how
     engine = executor.runner.engines()[0]
     runs = [b.run_options for b in engine._swap.serving.values()] if static else [engine.run_options]
@@ -58,9 +61,7 @@ def test_every_run_carries_the_entry_and_answers_the_same(tmp_path, static):
     got = executor.execute([{"x": x, "y": x}])[0]
     if not static:
         assert [o.get_run_config_entry(RUN_CONFIG_KEY) for o in passed] == ["cpu:0"]
-    plain = load_executor(build_model_spec(config, read_signature(path), path,
-                                           parse_options("am", {}, {k: v for k, v in params.items()
-                                                                    if k != RUN_CONFIG_KEY}).options))[0]
+    plain = load_add_mul(tmp_path, {k: v for k, v in params.items() if k != RUN_CONFIG_KEY})[0]
     want = plain.execute([{"x": x, "y": x}])[0]
     for name in want:
         np.testing.assert_array_equal(got[name], want[name])

@@ -365,6 +365,7 @@ def test_ge_family_keys_without_an_equivalent_are_no_effect_once_in_order():
                            {"session.ge.exec.atomicCleanPolicy": "1", "ge.graphRunMode": "1", "gex.thing": "1"})
     assert parsed.no_effect == ("ge.graphRunMode", "graph.ge.inputFormat", "session.ge.exec.atomicCleanPolicy")
     assert parsed.unknown == ("gex.thing",)
-    # Triton onnxruntime backend's session.* keys are not ge-backend's: they stay unknown here.
-    assert parse_options("m", {}, {"session.use_device_allocator_for_initializers": "1"}).unknown == (
-        "session.use_device_allocator_for_initializers",)
+    # ONNX Runtime's session.* config keys are not ge-backend's: one no option reads stays unknown here (the peer's
+    # session.use_device_allocator_for_initializers is an option: tests/unit/test_device_allocator_key.py).
+    assert parse_options("m", {}, {"session.disable_cpu_ep_fallback": "1"}).unknown == (
+        "session.disable_cpu_ep_fallback",)

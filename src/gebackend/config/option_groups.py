@@ -33,6 +33,9 @@ class OrtSessionOptions:
     # the arenas every ORT run shrinks back ("cpu:0", "cpu:0;gpu:0"; Triton's onnxruntime backend key
     # memory.enable_memory_arena_shrinkage): engines/arena_shrinkage.py
     arena_shrinkage: str = ""
+    # ORT's session.use_device_allocator_for_initializers (the peer's key since 2025): "1" allocates the initializers
+    # with the device's allocator instead of the arena, "0" not; "": ORT's default (not)
+    device_allocator_for_initializers: str = ""
     allow_spinning: str = "auto"  # ORT intra-op spinning: "auto" (off when pinned instances share cores) | "on" | "off"
     # ORT's session.force_spinning_stop: intra-op threads stop spinning as soon as a run returns ("on"), or spin on
     # for a while after it ("off"); "auto": ORT's default (off)

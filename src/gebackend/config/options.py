@@ -50,6 +50,12 @@ def _bool(text: str) -> bool:
     raise ValueError(f"expected one of {sorted(_TRUE | _FALSE)}")
 
 
+def _one_or_zero(text: str) -> str:
+    """A boolean ONNX Runtime session config entry: "1" or "0" (the peer hands the text as is, which ORT reads as on
+    only when it is "1"; "true" here means on, as everywhere else in these options)."""
+    return "1" if _bool(text) else "0"
+
+
 def _non_negative_int(text: str) -> int:
     value = int(text.strip())
     if value < 0:
@@ -217,6 +223,7 @@ _KEYS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "pin_instances": ("pin_instances", _auto_bool),
     "disable_prepacking": ("disable_prepacking", _bool),
     arena_shrinkage.RUN_CONFIG_KEY: ("arena_shrinkage", arena_shrinkage.parse),
+    "session.use_device_allocator_for_initializers": ("device_allocator_for_initializers", _one_or_zero),
     "allow_spinning": ("allow_spinning", _auto_bool),
     "force_spinning_stop": ("force_spinning_stop", _auto_bool),
     "shared_thread_pool": ("shared_thread_pool", _auto_bool),

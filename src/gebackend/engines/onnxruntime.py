@@ -34,6 +34,8 @@ _OPT_LEVELS = {
     "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
 }
 
+#: Triton's onnxruntime backend's `parameters` key (since 2025), handed to every session as this config entry
+DEVICE_ALLOCATOR_KEY = "session.use_device_allocator_for_initializers"
 
 #: Graph optimizers switched off by default in static graph mode on the CPU. With every dim fixed, ORT fuses
 #: Add + LayerNormalization into SkipLayerNormalization, whose CPU kernel is slower than the pair it replaces:
@@ -106,6 +108,8 @@ def session_options(options: OrtSessionOptions) -> ort.SessionOptions:
         so.add_session_config_entry("session.force_spinning_stop", "1")
     if options.intra_op_thread_affinities:
         so.add_session_config_entry("session.intra_op_thread_affinities", options.intra_op_thread_affinities)
+    if options.device_allocator_for_initializers:
+        so.add_session_config_entry(DEVICE_ALLOCATOR_KEY, options.device_allocator_for_initializers)
     register_custom_ops(so, options.custom_op_libraries)
     return so
 
@@ -183,6 +187,8 @@ def describe_tuning(options: OrtSessionOptions, disabled: Sequence[str]) -> str:
     text = f" allow_spinning={options.allow_spinning}" if options.allow_spinning != "auto" else ""
     text += f" force_spinning_stop={options.force_spinning_stop}" if options.force_spinning_stop != "auto" else ""
     text += f" intra_op_thread_affinities={options.intra_op_thread_affinities}" if options.intra_op_thread_affinities else ""
+    if options.device_allocator_for_initializers:
+        text += f" {DEVICE_ALLOCATOR_KEY}={options.device_allocator_for_initializers}"
     if disabled:
         origin = "default; disabled_optimizers=none keeps them" if options.disabled_optimizers is None else "disabled_optimizers"
         text += f" disabled_optimizers={','.join(disabled)} ({origin})"
