@@ -13,6 +13,7 @@ from .defaults import SCALE_SHIFT_OPTIONAL, build_scale_shift, initializers_as_i
 from .misc import (
     build_add_mul,
     build_bf16_affine,
+    build_bf16_mlp,
     build_constant_of_shape_weight,
     build_custom_negpos,
     build_identity_fixed,
@@ -35,6 +36,7 @@ __all__ = [
     "build_add_mul",
     "build_bert",
     "build_bf16_affine",
+    "build_bf16_mlp",
     "build_constant_of_shape_weight",
     "build_custom_negpos",
     "build_example_repository",

@@ -135,6 +135,21 @@ def build_bf16_affine() -> onnx.ModelProto:
                    doc="bfloat16 in and out, float32 inside (gebackend test model).")
 
 
+def build_bf16_mlp(seed: int = 0) -> onnx.ModelProto:
+    """A two-layer perceptron (64 -> 128 -> 32, Relu between, random weights) in float32 between a bfloat16 input
+    ``x`` ``[batch, 64]`` and a bfloat16 output ``y`` ``[batch, 32]``, with ``y32`` the same in float32: products
+    a quantizer turns into int8, behind edges a numpy array cannot carry."""
+    g = GraphBuilder("bf16_mlp", seed)
+    hidden = g.op("Relu", g.op("Add", g.op("MatMul", g.op("Cast", "x", to=onnx.TensorProto.FLOAT),
+                                            g.normal("w1", [64, 128], 0.125)), g.normal("b1", [128], 0.1)))
+    y32 = g.op("Add", g.op("MatMul", hidden, g.normal("w2", [128, 32], 0.09)), g.normal("b2", [32], 0.1), name="y32")
+    g.op("Cast", y32, to=onnx.TensorProto.BFLOAT16, name="y")
+    bf16 = onnx.TensorProto.BFLOAT16
+    return g.build([tensor_info("x", bf16, ["batch", 64])],
+                   [tensor_info("y", bf16, ["batch", 32]), tensor_info("y32", FLOAT, ["batch", 32])],
+                   doc="bfloat16 in and out, a float32 MLP inside (gebackend test model).")
+
+
 CONTRIB = "ai.onnx.contrib"  # onnxruntime-extensions' operator domain
 
 
