@@ -52,6 +52,16 @@ def test_numeric_tensors_are_lists_when_small_and_little_endian_b64_when_large()
     assert perf_analyzer.tensor_json(swapped)["content"]["b64"] == entry["content"]["b64"]
 
 
+def test_bfloat16_tensors_go_as_b64_of_their_16_bit_patterns_however_small():
+    import ml_dtypes
+
+    x = np.array([[1.5, -2.0, 0.1]], dtype=ml_dtypes.bfloat16)  # perf_analyzer refuses bf16 as JSON numbers
+    entry = perf_analyzer.tensor_json(x)
+    assert entry["shape"] == [1, 3]
+    back = np.frombuffer(base64.b64decode(entry["content"]["b64"]), dtype="<u2").view(ml_dtypes.bfloat16)
+    np.testing.assert_array_equal(back.reshape(1, 3), x)
+
+
 def test_input_entries_are_utf8_json_one_entry_per_request(tmp_path):
     path = perf_analyzer.write_input_entries(tmp_path / "in.json", [{"text": "北京"}, {"text": "上海"}])
     raw = path.read_bytes()

@@ -58,3 +58,23 @@ def test_the_type_table_and_random_feeds_know_bfloat16(tmp_path):
     onnx.save(build_bf16_affine(), str(path))
     feeds = random_feeds(path)
     assert feeds["x"].dtype == BF16 and np.isfinite(feeds["x"].astype(np.float32)).all()
+
+
+def test_the_benchs_accuracy_check_runs_a_bf16_model(tmp_path):
+    """bench/tune's in-process accuracy against plain ONNX Runtime (its reference session takes bfloat16 through
+    OrtValues; it failed with "Numpy_type 256 can't be converted to MLDataType")."""
+    from gebackend.bench import inprocess
+
+    folder = tmp_path / "bf"
+    (folder / "1").mkdir(parents=True)
+    onnx.save(build_bf16_affine(), str(folder / "1" / "model.onnx"))
+    (folder / "config.pbtxt").write_text('name: "bf"\nbackend: "ge"\nmax_batch_size: 4\n'
+                                         'input [ { name: "x" data_type: TYPE_BF16 dims: [ 4 ] } ]\n'
+                                         'output [ { name: "y" data_type: TYPE_BF16 dims: [ 4 ] }, '
+                                         '{ name: "y32" data_type: TYPE_FP32 dims: [ 4 ] } ]\n')
+    ceiling = inprocess.Ceiling(folder, log=lambda line: None)
+    try:
+        feeds = {"x": np.random.default_rng(2).standard_normal((3, 4)).astype(BF16)}
+        assert inprocess.accuracy(ceiling, folder / "1" / "model.onnx", feeds) == {"cosine": 1.0, "max_abs_diff": 0.0}
+    finally:
+        ceiling.close()

@@ -20,6 +20,8 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
+from gebackend.engines.bfloat16 import BF16
+
 ENV_VAR = "GE_PERF_ANALYZER"  # an explicit path to the binary
 UNSTABLE = "Failed to obtain stable measurement"
 B64_ABOVE = 4096  # numeric input data with more values than this goes to perf_analyzer as base64
@@ -235,7 +237,9 @@ def tensor_json(value) -> dict:
     array = np.asarray(value)
     if array.dtype == object or array.dtype.kind in "SU":
         raise TypeError(f"BYTES input data must be str or bytes elements, not a {array.dtype} array")
-    if array.size > B64_ABOVE:  # an image tensor as JSON numbers is ~20 bytes a value; raw little-endian is 4
+    # an image tensor as JSON numbers is ~20 bytes a value, raw little-endian 4; perf_analyzer refuses bfloat16 as
+    # numbers ("Can not use explicit tensor description for bf16 datatype"): its 16-bit pattern goes as b64 always
+    if array.size > B64_ABOVE or array.dtype == BF16:
         raw = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<")).tobytes()
         return {"content": {"b64": base64.b64encode(raw).decode("ascii")}, "shape": list(array.shape)}
     return {"content": array.ravel().tolist(), "shape": list(array.shape)}
