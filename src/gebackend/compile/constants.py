@@ -16,6 +16,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
+from gebackend.compile import light
 from gebackend.compile.runtime_shapes import CONTROL_FLOW, DEFAULT_DOMAINS, NONDETERMINISTIC
 
 PREVIEW_MAX_ELEMENTS = 16
@@ -219,7 +220,7 @@ def find_foldable(model: onnx.ModelProto) -> list[FoldableGroup]:
     if not found:
         return []
     try:
-        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
+        inferred = light.infer_shapes(model, data_prop=True)
     except Exception:  # noqa: BLE001 - previews then come from evaluation alone
         inferred = model
     types = types_of(inferred)

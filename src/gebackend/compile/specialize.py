@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 import onnx
 
+from gebackend.compile import light
 from gebackend.compile.graph_pass import GraphPass, PassContext
 from gebackend.errors import ConfigError
 
@@ -80,7 +81,7 @@ def infer(model: onnx.ModelProto, warn: Warn | None = None) -> onnx.ModelProto:
     failures = []
     for data_prop in (True, False):
         try:
-            return onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=data_prop)
+            return light.infer_shapes(model, data_prop=data_prop)  # on the model less its weights
         except Exception as exc:  # noqa: BLE001 - onnx raises InferenceError, ValidationError, RuntimeError, ...
             failures.append(describe_error(exc))
     if warn is not None:

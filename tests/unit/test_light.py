@@ -1,0 +1,75 @@
+"""ONNX's shape inference and checker on the light copy (compile/light.py): the same answers as on the whole model,
+the weights never serialised; a model rebuilt with its own initializers is byte-for-byte the model."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from gebackend.compile import light
+from gebackend.compile.specialize import specialize
+from gebackend.modelzoo import build_bert, build_bf16_mlp, build_resnet
+
+
+def _reshape_by_weight_shape() -> onnx.ModelProto:
+    """A MatMul by a 64x4096 weight (1 MiB: heavy) whose product a small int64 initializer reshapes (its values are
+    a shape: data propagation reads them), an IR 3 model listing every initializer as a graph input too."""
+    weight = numpy_helper.from_array(np.ones((64, 4096), np.float32), "w")
+    target = numpy_helper.from_array(np.array([0, 64, 64], np.int64), "target")
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["y"]), helper.make_node("Reshape", ["y", "target"], ["z"])]
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 64]),
+              helper.make_tensor_value_info("w", TensorProto.FLOAT, [64, 4096]),
+              helper.make_tensor_value_info("target", TensorProto.INT64, [3])]
+    graph = helper.make_graph(nodes, "g", inputs, [helper.make_tensor_value_info("z", TensorProto.FLOAT, None)],
+                              [weight, target])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 3
+    return model
+
+
+def _types(model: onnx.ModelProto) -> dict[str, bytes]:
+    return {v.name: v.type.SerializeToString() for v in [*model.graph.value_info, *model.graph.output]}
+
+
+@pytest.mark.parametrize("build, shapes", [
+    (build_resnet, {"image": [2, 3, 64, 64]}),
+    (build_bert, {"input_ids": [2, 16], "attention_mask": [2, 16]}),
+    (build_bf16_mlp, {"x": [3, 64]}),
+    (_reshape_by_weight_shape, {"x": [5, 64]}),
+])
+@pytest.mark.parametrize("data_prop", [True, False])
+def test_inference_on_the_light_copy_equals_inference_on_the_model(build, shapes, data_prop):
+    model = specialize(build(), shapes)
+    del model.graph.value_info[:]
+    assert light.light_copy(model).ByteSize() < model.ByteSize() // 4  # the heavy weights are not in it
+    want = onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=data_prop)
+    got = light.infer_shapes(model, data_prop=data_prop)
+    assert _types(got) == _types(want) and len(got.graph.value_info) > 0
+    assert [i.SerializeToString() for i in got.graph.initializer] == [i.SerializeToString() for i in model.graph.initializer]
+
+
+def test_data_propagation_still_reads_small_shape_values():
+    model = specialize(_reshape_by_weight_shape(), {"x": [5, 64]})
+    out = light.infer_shapes(model, data_prop=True).graph.output[0]
+    assert [d.dim_value for d in out.type.tensor_type.shape.dim] == [5, 64, 64]
+
+
+def test_the_checker_on_the_light_copy_finds_what_it_finds_on_the_model():
+    model = build_resnet()
+    light.check_model(model)
+    broken = onnx.ModelProto()
+    broken.CopyFrom(model)
+    broken.graph.node[3].op_type = "NoSuchOp"
+    with pytest.raises(onnx.checker.ValidationError):
+        onnx.checker.check_model(broken)
+    with pytest.raises(onnx.checker.ValidationError, match="NoSuchOp"):
+        light.check_model(broken)
+
+
+@pytest.mark.parametrize("build", [build_resnet, build_bert, build_bf16_mlp, _reshape_by_weight_shape])
+def test_a_model_rebuilt_with_its_own_initializers_is_the_model(build):
+    model = build()
+    rebuilt = light.with_initializers(model, list(model.graph.initializer))
+    assert rebuilt.SerializeToString() == model.SerializeToString()
