@@ -3,7 +3,7 @@
 Every compiled shape (bucket) gets its own session over its specialised, folded graph. Weights the
 graphs share are handed to every session as the same OrtValue (`SessionOptions.add_initializer`),
 so an instance holds them once, not once per bucket; each session is created from the graph's file
-(written once to a private folder), not from bytes, and the in-memory graph is dropped after the
+(written once to a private folder; on the CPU the shared weights once for all of them: engines/static_weights.py), not from bytes, and the in-memory graph is dropped after the
 build, so neither the serialized model nor its weights stay alive per bucket. Input and output buffers are allocated once per
 shape and bound once (IOBinding): a run copies the feeds in, runs, and copies the outputs out. The
 execution provider (engines/providers/) says how each bucket's session is configured and where its buffers
@@ -59,6 +59,7 @@ from gebackend.engines.onnxruntime import (arena_run_config, custom_ops_hint, de
                                            disabled_optimizers, open_session, owns_process, session_options,
                                            share_thread_pool, shared_thread_pool)
 from gebackend.engines.ort_binding import BoundSession
+from gebackend.engines.static_weights import WeightsFile
 from gebackend.engines.providers import as_selection, run_options_config
 from gebackend.compile.graph import CompiledGraph
 from gebackend.errors import ModelLoadError
@@ -144,6 +145,9 @@ class OrtStaticEngine(StaticEngine):
         self._private_bytes = 0
         self._swap: ProfilingSwap[dict[int, BoundSession]] = ProfilingSwap({})  # bucket -> its bound session
         self._workdir = Path(tempfile.mkdtemp(prefix="gebackend-static-", dir=temp_parent))
+        # on the CPU the graphs name the shared weights in one file of them (engines/static_weights.py); the device
+        # providers (TensorRT builds engines from the graph) keep whole graphs, as measured and tested there
+        self._weights = WeightsFile(self._workdir) if self.device == "cpu" else None
         weakref.finalize(self, shutil.rmtree, str(self._workdir), True)  # also when the engine is dropped, not closed
         try:
             self._start(graphs, warmup_runs)
@@ -181,6 +185,7 @@ class OrtStaticEngine(StaticEngine):
     def _prepare(self, number: int, graph: CompiledGraph) -> _Prepared:
         """Hold the graph's weights (once across graphs), write the graph to a file, keep its metadata."""
         shared: dict[str, str] = {}
+        placed: dict[str, str] = {}  # the shared weights written to the weights file: name -> key
         for init in graph.model.graph.initializer:
             if init.ByteSize() < SHARE_MIN_BYTES or (graph.source_weights is not None and init.name not in graph.source_weights):
                 continue
@@ -197,8 +202,13 @@ class OrtStaticEngine(StaticEngine):
             if held is None:
                 self._shared[key] = (array, ort.OrtValue.ortvalue_from_numpy(array))
             shared[init.name] = key
+            if self._weights is not None and self._weights.place(key, init, array):
+                placed[init.name] = key
         path = self._workdir / f"static{number}.onnx"
-        onnx.save(graph.model, str(path))
+        if self._weights is not None:
+            self._weights.write_graph(graph.model, placed, path)  # shared weights once, in weights.bin
+        else:
+            onnx.save(graph.model, str(path))
         return _Prepared(
             shapes=dict(graph.shapes),
             path=path,
