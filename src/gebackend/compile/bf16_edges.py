@@ -47,6 +47,7 @@ def _bf16(value: onnx.ValueInfoProto) -> bool:
 
 
 def find(model: onnx.ModelProto) -> Edges:
+    """The graph's bfloat16 inputs and outputs (none: the quantizers take the model as it is)."""
     return Edges(tuple(v.name for v in model.graph.input if _bf16(v)),
                  tuple(v.name for v in model.graph.output if _bf16(v)))
 

@@ -3,8 +3,9 @@
 Every compiled shape (bucket) gets its own session over its specialised, folded graph. Weights the
 graphs share are handed to every session as the same OrtValue (`SessionOptions.add_initializer`),
 so an instance holds them once, not once per bucket; each session is created from the graph's file
-(written once to a private folder; on the CPU the shared weights once for all of them: engines/static_weights.py), not from bytes, and the in-memory graph is dropped after the
-build, so neither the serialized model nor its weights stay alive per bucket. Input and output buffers are allocated once per
+(written once to a private folder; on the CPU the shared weights once for all the graphs, in one file they name:
+engines/static_weights.py), not from bytes, and the in-memory graph is dropped after the build, so neither the
+serialized model nor its weights stay alive per bucket. Input and output buffers are allocated once per
 shape and bound once (IOBinding): a run copies the feeds in, runs, and copies the outputs out. The
 execution provider (engines/providers/) says how each bucket's session is configured and where its buffers
 live: CUDA and TensorRT capture every fully static bucket as a CUDA graph on its buffers in GPU memory, each
