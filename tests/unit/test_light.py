@@ -73,3 +73,20 @@ def test_a_model_rebuilt_with_its_own_initializers_is_the_model(build):
     model = build()
     rebuilt = light.with_initializers(model, list(model.graph.initializer))
     assert rebuilt.SerializeToString() == model.SerializeToString()
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.int64, np.uint8, np.bool_])
+def test_tensor_bytes_come_from_dims_and_type_alone(dtype):
+    array = np.zeros((3, 5, 7), dtype)
+    assert light.tensor_bytes(numpy_helper.from_array(array, "t")) == array.nbytes
+    unloaded = onnx.TensorProto(name="w", data_type=TensorProto.FLOAT, dims=[60000, 10000],
+                                data_location=TensorProto.EXTERNAL)  # 2.4 GB named, none of it here
+    assert light.tensor_bytes(unloaded) == 60000 * 10000 * 4
+
+
+def test_inference_in_place_changes_the_model_given_and_a_copy_does_not():
+    model = specialize(build_resnet(), {"image": [2, 3, 64, 64]})
+    del model.graph.value_info[:]
+    copied = light.infer_shapes(model, data_prop=True)
+    assert copied is not model and len(model.graph.value_info) == 0 and len(copied.graph.value_info) > 0
+    assert light.infer_shapes(model, data_prop=True, in_place=True) is model and len(model.graph.value_info) > 0

@@ -77,11 +77,12 @@ def specialize(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]], warn
 
 
 def infer(model: onnx.ModelProto, warn: Warn | None = None) -> onnx.ModelProto:
-    """`model` with ONNX shape inference applied: with data propagation, else without, else not at all."""
+    """`model` (changed in place: a specialised copy) with ONNX shape inference applied: with data propagation, else
+    without, else not at all."""
     failures = []
     for data_prop in (True, False):
         try:
-            return light.infer_shapes(model, data_prop=data_prop)  # on the model less its weights
+            return light.infer_shapes(model, data_prop=data_prop, in_place=True)  # on the model less its weights
         except Exception as exc:  # noqa: BLE001 - onnx raises InferenceError, ValidationError, RuntimeError, ...
             failures.append(describe_error(exc))
     if warn is not None:

@@ -63,6 +63,7 @@ from gebackend.engines.ort_binding import BoundSession
 from gebackend.engines.static_weights import WeightsFile
 from gebackend.engines.providers import as_selection, run_options_config
 from gebackend.compile.graph import CompiledGraph
+from gebackend.compile.light import tensor_bytes
 from gebackend.errors import ModelLoadError
 
 SHARE_MIN_BYTES = 1024  # smaller initializers are not worth sharing
@@ -188,7 +189,7 @@ class OrtStaticEngine(StaticEngine):
         shared: dict[str, str] = {}
         placed: dict[str, str] = {}  # the shared weights written to the weights file: name -> key
         for init in graph.model.graph.initializer:
-            if init.ByteSize() < SHARE_MIN_BYTES or (graph.source_weights is not None and init.name not in graph.source_weights):
+            if tensor_bytes(init) < SHARE_MIN_BYTES or (graph.source_weights is not None and init.name not in graph.source_weights):
                 continue
             array = numpy_helper.to_array(init)
             if array.dtype == object:  # strings: no OrtValue to share
