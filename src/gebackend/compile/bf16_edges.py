@@ -87,12 +87,12 @@ def restore(model: onnx.ModelProto, edges: Edges) -> None:
 
 
 @contextlib.contextmanager
-def float_copy(path: Path, edges: Edges, scratch: Path) -> Iterator[Path]:
-    """A copy of the model at `path` with float32 edges, in a private folder under `scratch` (its folder copied
-    along when the model keeps external data, which the copy names relative to itself)."""
+def float_copy(model: onnx.ModelProto, path: Path, edges: Edges, scratch: Path) -> Iterator[Path]:
+    """The model at `path` (`model`: loaded from it without its external data, given float32 edges in place) saved
+    in a private folder under `scratch` (its folder copied along when the model keeps external data, which the copy
+    names relative to itself)."""
     scratch.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="bf16-edges.", dir=scratch) as folder:
-        model = onnx.load(str(path), load_external_data=False)
         external = any(t.data_location == TensorProto.EXTERNAL for t in model.graph.initializer)
         copy = Path(folder) / "model" / path.name
         if external:

@@ -11,8 +11,6 @@
   quantize_static's own docstring, "Choosing parameters for CPU inference"): on x86 uint8 activations and int8
   weights (U8S8), with `reduce_range=True` (7-bit weights) where the CPU has no VNNI (`avx512_vnni`/`avx_vnni`),
   whose AVX2 u8*s8 instruction (VPMADDUBSW) can saturate, and without it where it has VNNI; on Arm int8 both (S8S8).
-* Both calibrate by running the model on numpy arrays, which have no bfloat16: a model with bfloat16 inputs or
-  outputs is quantized as a copy with float32 edges, which the quantized file then loses (compile/bf16_edges.py).
 * engine=openvino: NNCF's post-training quantization (`nncf.quantize`) on the ONNX model (NNCF's ONNX backend),
   giving a QDQ ONNX file that OpenVINO reads like any ONNX file and runs as int8 kernels. Graphs with attention
   (a Softmax and a MatMul) are quantized as `ModelType.TRANSFORMER` with the MIXED preset (symmetric weights,
@@ -25,7 +23,9 @@ precision cache keys on it, so a quantized file made on one CPU is not reused on
 
 Both run quietly (their logs, prints and progress bars are swallowed; NNCF's telemetry is switched off, see
 `_import_nncf`) and a failure inside them is a
-`ModelLoadError` saying what failed and what to do, never their traceback.
+`ModelLoadError` saying what failed and what to do, never their traceback. Both calibrate by running the model on
+numpy arrays, which have no bfloat16: a model with bfloat16 inputs or outputs is quantized as a copy with float32
+edges, which the quantized file then loses (compile/bf16_edges.py).
 """
 
 from __future__ import annotations
@@ -244,10 +244,11 @@ def quantize(quantizer: str, path: Path, out: Path, samples: Sequence[dict], log
         raise ModelLoadError("precision_mode=int8 quantization=static: no calibration sample")
     run = quantize_nncf if quantizer == "nncf" else quantize_onnxruntime
     samples = [{k: np.asarray(v) for k, v in s.items()} for s in samples]
-    edges = bf16_edges.find(onnx.load(str(path), load_external_data=False))
+    model = onnx.load(str(path), load_external_data=False)
+    edges = bf16_edges.find(model)
     if not edges:
         return run(path, out, samples, log)
-    with bf16_edges.float_copy(path, edges, out.parent) as copy:  # the quantizers calibrate with numpy arrays
+    with bf16_edges.float_copy(model, path, edges, out.parent) as copy:  # the quantizers calibrate with numpy arrays
         nodes = run(copy, out, edges.float_samples(samples), log)
     bf16_edges.restore_file(out, edges)
     log(f"precision int8: the bfloat16 input(s) and output(s) {', '.join(edges.inputs + edges.outputs)} were float32 "

@@ -187,7 +187,6 @@ class OrtStaticEngine(StaticEngine):
     def _prepare(self, number: int, graph: CompiledGraph) -> _Prepared:
         """Hold the graph's weights (once across graphs), write the graph to a file, keep its metadata."""
         shared: dict[str, str] = {}
-        placed: dict[str, str] = {}  # the shared weights written to the weights file: name -> key
         for init in graph.model.graph.initializer:
             if tensor_bytes(init) < SHARE_MIN_BYTES or (graph.source_weights is not None and init.name not in graph.source_weights):
                 continue
@@ -204,11 +203,11 @@ class OrtStaticEngine(StaticEngine):
             if held is None:
                 self._shared[key] = (array, ort.OrtValue.ortvalue_from_numpy(array))
             shared[init.name] = key
-            if self._weights is not None and self._weights.place(key, init, array):
-                placed[init.name] = key
+            if self._weights is not None:
+                self._weights.place(key, init, array)
         path = self._workdir / f"static{number}.onnx"
         if self._weights is not None:
-            self._weights.write_graph(graph.model, placed, path)  # shared weights once, in weights.bin
+            self._weights.write_graph(graph.model, shared, path)  # shared weights once, in weights.bin
         else:
             onnx.save(graph.model, str(path))
         return _Prepared(

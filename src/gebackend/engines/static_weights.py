@@ -35,12 +35,13 @@ class WeightsFile:
         self._where: dict[str, tuple[int, int]] = {}  # key -> (offset, length)
         self._end = 0
 
-    def place(self, key: str, init: onnx.TensorProto, array: np.ndarray) -> bool:
-        """Write the weight once under `key` (the bytes the initializer holds); False for one that stays inline."""
+    def place(self, key: str, init: onnx.TensorProto, array: np.ndarray) -> None:
+        """Write the weight once under `key` (the bytes the initializer holds); one that cannot go there (external
+        data already, sub-byte types, strings) stays in the graphs."""
         if key in self._where:
-            return True
+            return
         if init.data_location == onnx.TensorProto.EXTERNAL or init.data_type in _PACKED or array.dtype == object:
-            return False
+            return
         raw = init.raw_data if init.HasField("raw_data") else np.ascontiguousarray(
             array, dtype=array.dtype.newbyteorder("<")).tobytes()
         offset = -(-self._end // ALIGN) * ALIGN
@@ -49,14 +50,14 @@ class WeightsFile:
             out.write(raw)
         self._where[key] = (offset, len(raw))
         self._end = offset + len(raw)
-        return True
 
-    def write_graph(self, model: onnx.ModelProto, placed: Mapping[str, str], path: Path) -> None:
-        """`model` saved at `path` (beside the weights file), each initializer named in `placed` (name -> key) as
-        external data in the weights file; the model itself is not changed and its weights are not copied."""
+    def write_graph(self, model: onnx.ModelProto, shared: Mapping[str, str], path: Path) -> None:
+        """`model` saved at `path` (beside the weights file), each initializer `shared` names (name -> key) whose key
+        was placed as external data in the weights file; the model itself is not changed and its weights are not
+        copied."""
         initializers = []
         for init in model.graph.initializer:
-            key = placed.get(init.name)
+            key = shared.get(init.name)
             if key is None or key not in self._where:
                 initializers.append(init)
                 continue
