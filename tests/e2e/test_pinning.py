@@ -2,7 +2,8 @@
 
 A server of its own: a model with two CPU instances (pinned by default), the same with pinning off, one
 with more instances than this machine has cores (they share, and the log says so), one whose first group says
-`count: 0` (Triton makes 1 of it), an int8 static model and a bf16 model ONNX Runtime refuses.
+`count: 0` (Triton makes 1 of it), an int8 static model, a bf16 model ONNX Runtime refuses, and a static model with
+two pinned instances (one times its buckets, the other uses that timing).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from gebackend.modelzoo import build_add_mul, build_bert
+from gebackend.modelzoo import build_add_mul, build_bert, build_resnet
 from gebackend.runtime.pinning import format_cpu_list, parse_cpu_list, plan_cpus, usable_cpus
 
 from .conftest import BERT_BUCKETS, add_model, params
@@ -37,6 +38,10 @@ MODELS = {
     "int8_static": 'backend: "ge"\nmax_batch_size: 4\n' + params(
         static_model="1", bucket_paddable_dims="sequence", precision_mode="int8", **BERT_BUCKETS),
     "bf16": 'backend: "ge"\nmax_batch_size: 4\n' + params(**{"session.ge.exec.precision_mode_v2": "bf16"}),
+    # allow_spinning set: left to auto, an instance that shares its core with another model's gets it off and the
+    # other not, and instances whose settings differ time their own buckets
+    "static_pinned": 'backend: "ge"\nmax_batch_size: 4\ninstance_group [ { count: 2, kind: KIND_CPU } ]\n'
+                     + params(static_model="1", allow_spinning="off"),
 }
 
 
@@ -45,7 +50,7 @@ def pinning_server(tmp_path_factory):
     repo = tmp_path_factory.mktemp("pinning") / "models"
     model = build_bert()
     for name, config in MODELS.items():
-        add_model(repo, name, config, build_add_mul() if name == "zero_count" else model)
+        add_model(repo, name, config, {"zero_count": build_add_mul, "static_pinned": build_resnet}.get(name, lambda: model)())
     running = start_server(repo, repo.parent / "serve.log")
     yield running, repo
     running.stop()
@@ -199,6 +204,28 @@ def test_int8_static_model_serves_close_to_fp32_and_logs_its_accuracy(pinning_se
     want = _reference(repo, feeds)["last_hidden_state"]
     cosine = float(np.dot(got.ravel(), want.ravel()) / np.linalg.norm(got) / np.linalg.norm(want))
     assert cosine >= 0.99, cosine
+
+
+def test_the_instances_of_a_static_model_time_their_buckets_once(pinning_server):
+    """The first instance to time writes its costs to the server's control folder and the second uses them
+    (control/shared_costs.py): one timing, the same routing on both, answers as the dynamic graph's."""
+    server, repo = pinning_server
+    out = server.output()
+    costs = re.findall(r"model 'static_pinned': bucket run costs measured at load: ([^\n\x22]+)", out)
+    shared = re.findall(r"model 'static_pinned': bucket costs: timed \d+s ago by another instance of this model "
+                        r"\(on cores ([\d,]+)\), used as they are", out)
+    if re.search(r"model 'static_pinned': bucket costs: timed while other instances still load", out):
+        assert not shared  # a timing beside others' loads is not shared: each instance timed its own
+    else:
+        assert len(shared) == 1, out[-6000:]
+        assert len(costs) == 2 and costs[0] == costs[1], costs
+        cores = stub_affinities(server, "static_pinned", every_thread=False)
+        assert len(cores) == 2 and parse_cpu_list(shared[0]) in cores.values(), (shared, cores)
+    for seed in range(4):  # several requests: both instances answer
+        feeds = {"image": np.random.default_rng(seed).standard_normal((3, 3, 64, 64)).astype(np.float32)}
+        got = infer(server, "grpc", "static_pinned", feeds).as_numpy("logits")
+        session = ort.InferenceSession(str(repo / "static_pinned" / "1" / "model.onnx"), providers=["CPUExecutionProvider"])
+        np.testing.assert_allclose(got, session.run(["logits"], feeds)[0], rtol=1e-4, atol=1e-5)
 
 
 def test_bf16_on_onnxruntime_fails_to_load_pointing_to_openvino(pinning_server):

@@ -102,6 +102,34 @@ def measure(engine: StaticEngine, spec: ModelSpec, output_names: Sequence[str], 
     return monotone(spec, buckets), dynamic_costs
 
 
+def to_payload(spec: ModelSpec, measured: tuple[list[float], dict[tuple, dict[int, float]]] | None) -> dict:
+    """`measure`'s answer as JSON (shared with the model's other instances: control/shared_costs.py); the dynamic
+    graph's costs in `dynamic_sizes` order, None where it was not timed or failed."""
+    if measured is None:
+        return {"buckets": None, "dynamic": None}
+    costs, dynamic_costs = measured
+    dynamic = [dynamic_costs[key][rows] for key, rows in dynamic_sizes(spec)] if dynamic_costs else None
+    return {"buckets": [float(cost) for cost in costs], "dynamic": dynamic}
+
+
+def from_payload(spec: ModelSpec, payload: Mapping) -> tuple[list[float], dict[tuple, dict[int, float]]] | None:
+    """`to_payload`'s JSON back as `measure` answers; raises ValueError where it does not fit `spec`."""
+    buckets = payload.get("buckets")
+    if buckets is None:
+        return None
+    if len(buckets) != len(spec.static_shapes):
+        raise ValueError(f"{len(buckets)} bucket costs for {len(spec.static_shapes)} buckets")
+    dynamic: dict[tuple, dict[int, float]] = {}
+    values = payload.get("dynamic")
+    if values:
+        sizes = dynamic_sizes(spec)
+        if len(values) != len(sizes):
+            raise ValueError(f"{len(values)} dynamic-graph costs for {len(sizes)} batch sizes")
+        for (key, rows), cost in zip(sizes, values):
+            dynamic.setdefault(key, {})[rows] = float(cost)
+    return [float(cost) for cost in buckets], dynamic
+
+
 def dynamic_sizes(spec: ModelSpec) -> list[tuple[tuple, int]]:
     """(inner shape, batch size) for every batch size from 1 to the largest bucket of each inner shape that has more
     than one bucket (a lone batch size has nothing in between to win)."""

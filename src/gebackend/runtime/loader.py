@@ -10,6 +10,7 @@ load log says how close they are (compile/accuracy.py).
 from __future__ import annotations
 
 import dataclasses
+import os
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
@@ -173,13 +174,7 @@ def _static_executor(spec: ModelSpec, providers: Sequence, log: Callable[[str], 
     if timable and bucket_costs.worth_measuring(spec):
         if static.bucket_plan == "measured" and as_selection(providers).kind.name == "cpu":
             candidate = fallback if fallback is not None else create_engine(spec, providers)
-        with timing_alone() as wait:
-            measured = bucket_costs.measure(engine, spec, output_names, candidate)
-        if not wait.alone:
-            log(f"bucket costs: timed while other instances still load or time (waited {wait.seconds:.0f}s for "
-                f"them); the costs may favour splitting batches more than a quiet machine would")
-        elif wait.seconds >= 1.0:
-            log(f"bucket costs: waited {wait.seconds:.1f}s for other instances to finish loading or timing")
+        measured = _timed_costs(spec, providers, engine, output_names, candidate, log)
         if measured is not None:
             costs, dynamic_costs = measured
     def router_padding(paddable: Sequence[str]) -> BucketRouter:
@@ -200,6 +195,57 @@ def _static_executor(spec: ModelSpec, providers: Sequence, log: Callable[[str], 
     how = (f"static graph, buckets [{' | '.join(router.describe())}], fallback={static.bucket_fallback}, "
            + (f"batch sizes {on_dynamic} on the dynamic graph, " if on_dynamic else "") + engine.describe())
     return Executor(spec, runner), how
+
+
+def _timed_costs(spec: ModelSpec, providers: Sequence, engine, output_names, candidate, log: Callable[[str], None]):
+    """`bucket_costs.measure`'s answer: timed here alone on the server's cores, or what another instance of this
+    model timed for the same question when it loaded beside this one (control/shared_costs.py)."""
+    from gebackend.control.shared_costs import CostRecord
+
+    record = CostRecord.here(spec.name, _timing_question(spec, providers, output_names, candidate is not None))
+    shared, wait = _shared_costs(spec, record), None
+    if shared is None:
+        with timing_alone() as wait:
+            shared = _shared_costs(spec, record)  # timed by another instance while this one waited for its turn
+            if shared is None:
+                measured = bucket_costs.measure(engine, spec, output_names, candidate)
+                if wait.alone:  # a timing beside others' work stays this instance's own
+                    record.write(bucket_costs.to_payload(spec, measured))
+    waited = f" (waited {wait.seconds:.1f}s for it)" if wait is not None and wait.seconds >= 1.0 else ""
+    if shared is not None:
+        log(f"bucket costs: {shared[1].describe()}, used as they are{waited}")
+        return shared[0]
+    if not wait.alone:
+        log(f"bucket costs: timed while other instances still load or time (waited {wait.seconds:.0f}s for "
+            f"them); the costs may favour splitting batches more than a quiet machine would")
+    elif waited:
+        log(f"bucket costs: waited {wait.seconds:.1f}s for other instances to finish loading or timing")
+    return measured
+
+
+def _timing_question(spec: ModelSpec, providers: Sequence, output_names, dynamic: bool) -> dict:
+    """What a bucket timing depends on, beside the machine: instances asking the same share one timing."""
+    from gebackend.cache_dir import fingerprint
+
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count()
+    selection = as_selection(providers)
+    return {"file": fingerprint(spec.home), "options": repr(spec.options), "outputs": list(output_names),
+            "shapes": [{name: list(dims) for name, dims in shapes.items()} for shapes in spec.static_shapes],
+            "providers": [selection.kind.name, repr(tuple(selection))], "cores": cores, "dynamic": dynamic}
+
+
+def _shared_costs(spec: ModelSpec, record):
+    """(costs as `measure` answers, the record) where another instance's record fits this spec, else None."""
+    found = record.read()
+    if found is None:
+        return None
+    try:
+        return bucket_costs.from_payload(spec, found.payload), found
+    except (ValueError, TypeError, AttributeError):
+        return None
 
 
 def _checked_padding(spec: ModelSpec, providers: Sequence, log: Callable[[str], None], output_names, engine, router,
