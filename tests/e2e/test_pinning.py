@@ -221,10 +221,10 @@ def test_the_instances_of_a_static_model_time_their_buckets_once(pinning_server)
         assert len(costs) == 2 and costs[0] == costs[1], costs
         cores = stub_affinities(server, "static_pinned", every_thread=False)
         assert len(cores) == 2 and parse_cpu_list(shared[0]) in cores.values(), (shared, cores)
+    session = ort.InferenceSession(str(repo / "static_pinned" / "1" / "model.onnx"), providers=["CPUExecutionProvider"])
     for seed in range(4):  # several requests: both instances answer
         feeds = {"image": np.random.default_rng(seed).standard_normal((3, 3, 64, 64)).astype(np.float32)}
         got = infer(server, "grpc", "static_pinned", feeds).as_numpy("logits")
-        session = ort.InferenceSession(str(repo / "static_pinned" / "1" / "model.onnx"), providers=["CPUExecutionProvider"])
         np.testing.assert_allclose(got, session.run(["logits"], feeds)[0], rtol=1e-4, atol=1e-5)
 
 
