@@ -108,6 +108,25 @@ def test_wrong_shape_is_a_client_error(ov_server):
     assert infer(server, "http", "resnet_ov", feeds).as_numpy("logits").shape == (1, 10)
 
 
+def test_token_ids_outside_the_vocabulary_are_refused_as_onnxruntime_refuses_them(ov_server):
+    """OpenVINO answers a Gather index past its table with an empty row (silently wrong); `ge` refuses the request
+    on every engine with one message, and the batch it came with is still answered."""
+    from tritonclient.utils import InferenceServerException
+
+    server, sessions = ov_server
+    good = bert_feeds(np.random.default_rng(5), 1, 6)
+    bad = {"input_ids": good["input_ids"].copy(), "attention_mask": good["attention_mask"]}
+    bad["input_ids"][0, 4] = 1000
+    with ThreadPoolExecutor(max_workers=4) as pool:  # sent together: the batcher may put them in one batch
+        futures = [pool.submit(infer, server, "http", "bert_ov_static", feeds) for feeds in (good, bad, good, good)]
+    with pytest.raises(InferenceServerException) as info:
+        futures[1].result()
+    message = str(info.value)
+    assert "model 'bert_ov_static', input 'input_ids': value 1000 at [0, 4]" in message and "[-1000, 999]" in message
+    for index in (0, 2, 3):
+        assert_equal_to_ort(futures[index].result(), sessions["bert_ov_static"], good)
+
+
 def test_profiling_true_with_openvino(tmp_path):
     """profiling=true on the OpenVINO engine: the capture rendered at shutdown has OpenVINO's per-op rows."""
     repo, out = tmp_path / "repo", tmp_path / "captures"

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from gebackend.config import dtypes
+from gebackend.config.index_bounds import IndexBound, LengthLimit
 from gebackend.config.onnx_signature import signature_of
 from gebackend.config.options import BackendOptions
 from gebackend.config.spec import ModelSpec, TensorSpec, build_model_spec, reconcile
@@ -36,6 +37,10 @@ def add_mul_sig():
 
 FP32 = dtypes.from_triton("TYPE_FP32")
 INT64 = dtypes.from_triton("TYPE_INT64")
+# the bundled BERT's token ids index its 1000-row embedding table, and their length its 128 positions
+# (config/index_bounds.py)
+IDS = {"bound": IndexBound(-1000, 999, "embeddings.word", "embeddings.tokens"),
+       "limits": (LengthLimit(1, 128, "embeddings.position", "embeddings.positions"),)}
 
 
 # ---------------------------------------------------------------- auto-complete
@@ -46,7 +51,7 @@ def test_empty_config_autocompletes_bert(bert_sig):
     assert r.max_batch_size == 8
     assert r.enable_dynamic_batching is True
     assert r.inputs == (
-        TensorSpec("input_ids", INT64, (-1,), ("sequence",)),
+        TensorSpec("input_ids", INT64, (-1,), ("sequence",), **IDS),
         TensorSpec("attention_mask", INT64, (-1,), ("sequence",)),
     )
     assert r.outputs == (
@@ -105,7 +110,7 @@ def test_full_rank_dims_with_max_batch_size_zero_means_no_batching(bert_sig):
     r = reconcile("bert", config, bert_sig, default_max_batch_size=8)
     assert r.max_batch_size == 0
     assert r.enable_dynamic_batching is False
-    assert r.inputs[0] == TensorSpec("input_ids", INT64, (-1, -1), ("batch", "sequence"))
+    assert r.inputs[0] == TensorSpec("input_ids", INT64, (-1, -1), ("batch", "sequence"), **IDS)
     assert r.outputs[0] == TensorSpec("last_hidden_state", FP32, (-1, -1, 64), ("batch", "sequence", None))
     assert r.outputs[1].dims == (-1, 64)
 
@@ -217,7 +222,7 @@ def test_config_minus_one_takes_onnx_value_and_fixed_config_value_kept_for_symbo
         "output": [{"name": "last_hidden_state", "dims": [128, -1]}],
     }
     r = reconcile("bert", config, bert_sig, default_max_batch_size=8)
-    assert r.inputs[0] == TensorSpec("input_ids", INT64, (128,), ("sequence",))
+    assert r.inputs[0] == TensorSpec("input_ids", INT64, (128,), ("sequence",), **IDS)
     assert r.outputs[0] == TensorSpec("last_hidden_state", FP32, (128, 64), ("sequence", None))
     assert r.outputs[1] == TensorSpec("pooler_output", FP32, (64,), (None,))
 

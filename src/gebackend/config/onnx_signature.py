@@ -14,6 +14,7 @@ from typing import Iterator, Union
 import onnx
 
 from gebackend.config import dtypes
+from gebackend.config.index_bounds import IndexBound, LengthLimit, index_bounds, length_limits
 from gebackend.errors import ConfigError
 
 # A dim is an int (fixed), a str (a named symbolic dim such as "batch") or None (unknown).
@@ -25,6 +26,8 @@ class OnnxTensor:
     name: str
     dtype: dtypes.DType
     shape: tuple[Dim, ...]
+    bound: IndexBound | None = None  # an input's values index a table stored in the file (config/index_bounds.py)
+    limits: tuple[LengthLimit, ...] = ()  # axes whose length numbers the rows of such a table (the same module)
 
     @property
     def rank(self) -> int:
@@ -54,7 +57,8 @@ def _dim(d: onnx.TensorShapeProto.Dimension) -> Dim:
     return None
 
 
-def _tensor(value: onnx.ValueInfoProto, where: str) -> OnnxTensor:
+def _tensor(value: onnx.ValueInfoProto, where: str, bound: IndexBound | None = None,
+            limits: tuple[LengthLimit, ...] = ()) -> OnnxTensor:
     kind = value.type.WhichOneof("value")
     if kind != "tensor_type":
         raise ConfigError(f"{where} '{value.name}' is a {kind}, only tensors can be served")
@@ -64,12 +68,14 @@ def _tensor(value: onnx.ValueInfoProto, where: str) -> OnnxTensor:
     except ConfigError as exc:
         raise ConfigError(f"{where} '{value.name}': {exc}") from None
     shape = tuple(_dim(d) for d in tensor_type.shape.dim) if tensor_type.HasField("shape") else ()
-    return OnnxTensor(value.name, dtype, shape)
+    return OnnxTensor(value.name, dtype, shape, bound, limits)
 
 
 def signature_of(model: onnx.ModelProto) -> Signature:
     initializers = {init.name for init in model.graph.initializer}
-    inputs = tuple(_tensor(v, "input") for v in model.graph.input if v.name not in initializers)
+    bounds, limits = index_bounds(model), length_limits(model)
+    inputs = tuple(_tensor(v, "input", bounds.get(v.name), limits.get(v.name, ()))
+                   for v in model.graph.input if v.name not in initializers)
     outputs = tuple(_tensor(v, "output") for v in model.graph.output)
     # IR < 4 listed every initializer as an input, and nothing may replace those (as ONNX Runtime reads them)
     defaults = () if model.ir_version < 4 else tuple(

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from gebackend.config import dtypes
+from gebackend.config.index_bounds import IndexBound, LengthLimit
 from gebackend.config.onnx_signature import Dim, OnnxTensor, Signature
 from gebackend.config.options import BackendOptions, model_parameters, parse_options
 from gebackend.config import optional_inputs
@@ -38,6 +39,8 @@ class TensorSpec:
     # refuses an empty reshape there); the adapter turns it into the scalar the model sees and back. None otherwise.
     wire_dims: tuple[int, ...] | None = None
     optional: bool = False  # a default in the ONNX file a request may leave out (config/optional_inputs.py)
+    bound: IndexBound | None = None  # the values an integer input may take, where it indexes a stored table
+    limits: tuple[LengthLimit, ...] = ()  # the longest each axis may be, where its length numbers a stored table
 
     def config_entry(self) -> dict[str, Any]:
         """The config.pbtxt entry auto-complete writes, as Triton's onnxruntime backend completes it: Triton needs at
@@ -152,14 +155,16 @@ def _merge_tensor(model: str, kind: str, entry: Mapping[str, Any] | None, tensor
             )
     config_dims = _config_dims(entry) if entry else None
     if tensor.name in ragged and config_dims is not None:  # what a request sends; the model gets it flattened
-        return TensorSpec(tensor.name, tensor.dtype, tuple(config_dims), (None,) * len(config_dims))
+        return TensorSpec(tensor.name, tensor.dtype, tuple(config_dims), (None,) * len(config_dims),
+                          bound=tensor.bound)
     if not batching and not onnx_dims:  # a scalar: [1] on the wire, as the onnxruntime backend serves it
         if config_dims is not None and any(d != 1 for d in config_dims):
             raise ConfigError(
                 f"model '{model}': {kind} '{tensor.name}' is a scalar in the ONNX file; a model without batching "
                 f"declares it with dims of 1 only (dims: [ 1 ]), not {config_dims}"
             )
-        return TensorSpec(tensor.name, tensor.dtype, (), (), tuple(config_dims) if config_dims else (1,))
+        return TensorSpec(tensor.name, tensor.dtype, (), (), tuple(config_dims) if config_dims else (1,),
+                          bound=tensor.bound)
     if config_dims is None:  # a tensor with only the batch dim is completed with a reshape (see config_entry)
         dims = tuple(d if isinstance(d, int) else -1 for d in onnx_dims)
     else:
@@ -179,7 +184,7 @@ def _merge_tensor(model: str, kind: str, entry: Mapping[str, Any] | None, tensor
             merged.append(o if isinstance(o, int) else c)
         dims = tuple(merged)
     labels = tuple(d if isinstance(d, str) else None for d in onnx_dims)
-    return TensorSpec(tensor.name, tensor.dtype, dims, labels)
+    return TensorSpec(tensor.name, tensor.dtype, dims, labels, bound=tensor.bound, limits=tensor.limits)
 
 
 def _show(shape: Sequence[Dim]) -> str:

@@ -99,6 +99,9 @@ def _check_bucket(model: str, number: int, bucket: Shapes, inputs: Sequence[Tens
                 seen = labels.setdefault(label, (got, tensor.name))
                 if seen[0] != got:
                     raise ConfigError(f"{where}, but its dim '{label}' ({got}) differs from input '{seen[1]}' ({seen[0]})")
+        for limit in tensor.limits:
+            if shape[limit.axis] > limit.most:
+                raise ConfigError(f"{where}, but dim {limit.axis} may be at most {limit.describe()}")
         full[tensor.name] = tuple(shape)
     return full
 

@@ -5,15 +5,18 @@ expected and what was sent, so a client can fix its request from the message alo
 
 The verdict depends only on the request's input names, data types and shapes, which repeat from request
 to request, so `RequestValidator` keeps it per signature: measured on a 2-input model, checking a request
-took ~20 us and was the largest of gebackend's own costs per request; a known signature costs ~1 us.
+took ~20 us and was the largest of gebackend's own costs per request; a known signature costs ~1 us. Values are
+checked on every request only where an input indexes a table of the model (a text model's token ids: a minimum and
+a maximum, `check_values`).
 """
 
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Mapping, Sequence
 
 import numpy as np
 
+from gebackend.config.index_bounds import IndexBound, out_of_bounds
 from gebackend.config.spec import ModelSpec, TensorSpec
 from gebackend.errors import InvalidRequest
 
@@ -35,6 +38,7 @@ class RequestValidator:
     def __init__(self, spec: ModelSpec):
         self.spec = spec
         self._verdicts: dict[tuple, str | None] = {}  # signature -> None (valid) or the error message
+        self._bounded = [(t.name, t.bound) for t in spec.inputs if t.bound is not None]  # checked on every request  # checked on every request
 
     def check(self, inputs: Mapping[str, np.ndarray]) -> None:
         """Raise `InvalidRequest` unless `inputs` can run on the model."""
@@ -42,6 +46,7 @@ class RequestValidator:
             signature = tuple((name, array.dtype, array.shape) for name, array in inputs.items())
         except AttributeError:  # not arrays: no signature to remember
             validate_request(self.spec, inputs)
+            check_values(self.spec.name, self._bounded, inputs)
             return
         try:
             verdict = self._verdicts[signature]
@@ -56,6 +61,23 @@ class RequestValidator:
             self._verdicts[signature] = verdict
         if verdict is not None:
             raise InvalidRequest(verdict)
+        if self._bounded:
+            check_values(self.spec.name, self._bounded, inputs)
+
+
+def check_values(model: str, bounded: Sequence[tuple[str, IndexBound]], inputs: Mapping[str, np.ndarray]) -> None:
+    """Raise `InvalidRequest` where an input that indexes a table of the model (config/index_bounds.py) holds a value
+    outside its rows: ONNX Runtime would fail the run with its own message, OpenVINO answer with an empty row."""
+    for name, bound in bounded:
+        array = inputs.get(name)
+        if array is None:
+            continue
+        found = out_of_bounds(array, bound)
+        if found is not None:
+            value, where = found
+            raise InvalidRequest(
+                f"model '{model}', input '{name}': value {value} at {_fmt(where)} is out of range; this input indexes "
+                f"the rows of a table in the model, so its values must be in {bound.describe()}")
 
 
 def validate_request(spec: ModelSpec, inputs: Mapping[str, np.ndarray]) -> None:
@@ -107,3 +129,7 @@ def validate_request(spec: ModelSpec, inputs: Mapping[str, np.ndarray]) -> None:
                         f"{where}: dim '{label}' is {got} but input '{seen[1]}' has '{label}' = {seen[0]}; "
                         f"they must be equal (shape sent {_fmt(array.shape)})"
                     )
+        for limit in tensor.limits:  # an axis whose length numbers the rows of a table (config/index_bounds.py)
+            if array.shape[limit.axis] > limit.most:
+                raise InvalidRequest(f"{where}: dim {limit.axis} is {array.shape[limit.axis]} (shape sent "
+                                     f"{_fmt(array.shape)}), longer than the model takes: at most {limit.describe()}")
