@@ -16,7 +16,7 @@ import numpy as np
 import onnxruntime as ort
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
-from tritonclient.utils import np_to_triton_dtype, triton_to_np_dtype
+from tritonclient.utils import InferenceServerException, np_to_triton_dtype, triton_to_np_dtype
 
 HERE = Path(__file__).resolve().parent
 
@@ -64,6 +64,14 @@ def main() -> int:
 
     http = httpclient.InferenceServerClient(args.http)
     grpc = grpcclient.InferenceServerClient(args.grpc)
+    for protocol, url, client in (("http", args.http, http), ("grpc", args.grpc, grpc)):
+        try:
+            client.is_server_live()
+        except Exception as exc:  # noqa: BLE001 - refused connection, DNS, timeout: all mean "no server here"
+            reason = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
+            print(f"no Triton server answers {protocol} at {url} ({reason}); start one with `make serve`, "
+                  f"or pass --{protocol} HOST:PORT", file=sys.stderr)
+            return 2
     rng = np.random.default_rng(0)
     failures = 0
     models = sorted(p.parent.name for p in args.repo.glob("*/config.pbtxt"))
@@ -80,7 +88,12 @@ def main() -> int:
             model_feeds = as_the_model_sees_them(http.get_model_config(model), feeds)
             expected = dict(zip([o.name for o in session.get_outputs()], session.run(None, model_feeds)))
         for protocol, module, client in (("http", httpclient, http), ("grpc", grpcclient, grpc)):
-            result = infer(module, client, model, feeds)
+            try:
+                result = infer(module, client, model, feeds)
+            except InferenceServerException as exc:  # the server's answer says what failed
+                print(f"{model} [{protocol}]: FAILED: {exc}")
+                failures += 1
+                continue
             shapes = {o["name"]: result.as_numpy(o["name"]).shape for o in metadata["outputs"]}
             verdict = "served"
             if expected is not None:
