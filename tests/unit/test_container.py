@@ -177,6 +177,12 @@ def test_preflight_tells_the_right_channel(tmp_path: Path, monkeypatch):
     assert len(said) == 1 and len(failed) == 1
 
 
+def test_a_missing_repository_is_the_one_thing_said(tmp_path: Path):
+    said, failed = [], []
+    assert not preflight(tmp_path / "nowhere", {}, [], failed.append, said.append)
+    assert said == [] and failed == [f"model repository {tmp_path / 'nowhere'} is not a folder"]
+
+
 def test_a_noexec_or_read_only_temp_folder_fails_at_start(tmp_path: Path, monkeypatch):
     noexec = fake_statvfs(64 * MiB, flags=os.ST_NOEXEC | os.ST_NOSUID)
     message = check_temp_exec("/tmp", statvfs=noexec)

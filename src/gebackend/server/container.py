@@ -47,6 +47,8 @@ def preflight(repository: Path, global_options: Mapping[str, str], backend_confi
     what the repository needs. Each finding goes to `say_ok` or, when the server cannot work, to `fail` (then
     False)."""
     problem = check_temp_exec(statvfs=statvfs)
+    if not repository.is_dir():  # nothing to estimate: say that first and only
+        problem = f"model repository {repository} is not a folder"
     if problem:
         fail(problem)
         return False
