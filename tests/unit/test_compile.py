@@ -205,6 +205,10 @@ def test_doctor_finds_the_mod_group_with_its_value():
     text = report.format_text()
     assert "foldable constant subgraphs: 1 (2 nodes)" in text
     assert "Mod '/attn/Mod' = 2 (Add, Mod)" in text
+    # the load log's form: what the fold removed is counted, not listed
+    brief = report.format_text(brief=True)
+    assert "foldable constant subgraphs: 1 (2 nodes), all folded into the static graph" in brief
+    assert "Mod '/attn/Mod' = 2" not in brief
 
 
 def test_doctor_describes_a_big_constant_by_shape_and_says_it_stays():
@@ -214,6 +218,8 @@ def test_doctor_describes_a_big_constant_by_shape_and_says_it_stays():
         "ConstantOfShape", "float32", [1024, 1024], None, False)
     assert "ConstantOfShape 'weight' = float32[1024, 1024]" in report.format_text()
     assert "not folded" in report.format_text()
+    brief = report.format_text(brief=True)  # what the fold left is what the load log lists
+    assert "1 of them left unfolded:" in brief and "ConstantOfShape 'weight' = float32[1024, 1024]" in brief
     assert analyze(build_constant_of_shape_weight(16), size_limit=None).foldable[0].folded is True
 
 

@@ -80,7 +80,9 @@ class DoctorReport:
         result["is_static"] = self.is_static
         return result
 
-    def format_text(self) -> str:
+    def format_text(self, brief: bool = False) -> str:
+        """The report as lines of text; `brief` (the load log, once per instance) lists only the foldable subgraphs
+        the fold left in the graph, not those it removed (`gebackend analyze` lists every one)."""
         lines = [
             f"nodes: {self.node_count}, static: {self.static_node_count}/{self.node_count} "
             f"(original model: {self.original_node_count} nodes, folding removes {self.foldable_node_count})"
@@ -103,13 +105,16 @@ class DoctorReport:
                 f"(inputs: {', '.join(i for i in b.inputs if i) or 'none'}): {b.reason}"
             )
         count = sum(len(g.nodes) for g in self.foldable)
-        lines.append(f"foldable constant subgraphs: {len(self.foldable)} ({count} node{'' if count == 1 else 's'})")
-        for group in self.foldable[:_TEXT_MAX_GROUPS]:
+        listed = [g for g in self.foldable if not (brief and g.folded)]
+        removed = "" if not brief or not self.foldable else (
+            ", all folded into the static graph" if not listed else f", {len(listed)} of them left unfolded:")
+        lines.append(f"foldable constant subgraphs: {len(self.foldable)} ({count} node{'' if count == 1 else 's'}){removed}")
+        for group in listed[:_TEXT_MAX_GROUPS]:
             kept = "" if group.folded else " [not folded" + (
                 f": larger than {self.size_limit} bytes]" if self.size_limit is not None else "]")
             lines.append(f"  {group.sink_op} '{group.sink}' = {group.preview()} ({', '.join(group.op_types)}){kept}")
-        if len(self.foldable) > _TEXT_MAX_GROUPS:
-            lines.append(f"  ... and {len(self.foldable) - _TEXT_MAX_GROUPS} more")
+        if len(listed) > _TEXT_MAX_GROUPS:
+            lines.append(f"  ... and {len(listed) - _TEXT_MAX_GROUPS} more")
         if self.runtime_outputs:
             lines.append("outputs with a runtime shape (allocated on every run, not bound once): " + "; ".join(
                 f"{name} ({why})" for name, why in self.runtime_outputs.items()))

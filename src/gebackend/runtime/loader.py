@@ -273,7 +273,7 @@ def _static_engine(spec: ModelSpec, providers: Sequence, log: Callable[[str], No
     if spec.options.diagnostics.dump_graph:
         _dump(spec, graphs, log)
     if report is not None:
-        for line in report.format_text().splitlines():
+        for line in report.format_text(brief=True).splitlines():
             log(f"graph doctor: {line}")
     engine = create_static_engine(spec, graphs, providers, temp_parent=server_temp_parent())
     timable = not any(graph.reads_shape_values for graph in graphs)  # zeros are a valid input for every bucket
