@@ -100,6 +100,9 @@ WARMUP = """model_warmup [ {
 } ]
 """
 
+CLASSIFIED_OUTPUT = 'output [ { name: "sum", data_type: TYPE_FP32, dims: [ 4 ], label_filename: "labels.txt" } ]\n'
+LABELS = ["猫", "狗", "一只鸟", "bird"]
+
 BROKEN_CONFIG = 'backend: "ge"\nmax_batch_size: 4\ninput [ { name: "x" data_type: TYPE_FP32 dims: [ 4 ] } ]\nmax_batch_size: eight\n'
 
 
@@ -161,6 +164,9 @@ def peers(tmp_path_factory):
     add_model(repo, "badcfg", BROKEN_CONFIG, build_add_mul())
     # an onnxruntime-backend config without instance_group, its backend switched: Triton gives the peer 2 instances
     add_model(repo, "ort_peer_no_group", 'backend: "ge"\nmax_batch_size: 4\n', build_add_mul())
+    # Triton's classification extension: an output with labels, the other output left to auto-complete
+    add_model(repo, "classified", 'backend: "ge"\nmax_batch_size: 4\n' + ONE_CPU + CLASSIFIED_OUTPUT, build_add_mul())
+    (repo / "classified" / "labels.txt").write_text("\n".join(LABELS) + "\n", encoding="utf-8")
     server = start_server(repo, root / "serve.log")
     yield server, repo, dumps
     assert server.stop() == 0
@@ -180,7 +186,7 @@ def load_line(out: str, model: str) -> str:
 def test_the_good_models_serve_and_the_broken_ones_are_named(peers):
     server, repo, _ = peers
     out = server.output()
-    assert "gebackend: 6 of 8 models ready" in out, out[-5000:]
+    assert "gebackend: 7 of 9 models ready" in out, out[-5000:]
     config = repo / "badcfg" / "config.pbtxt"
     # Triton itself only logs "failed to read text proto"; the CLI names the model, the file, line and column.
     assert re.search(rf"gebackend: model 'badcfg' failed to load: cannot parse {re.escape(str(config))}:4:17: "
@@ -295,6 +301,35 @@ def test_ge_backend_keys_are_reported_once_and_dump_data_writes_every_node(peers
     np.testing.assert_array_equal(_tensor(dumps, "ge_keys", index, "x"), feeds["x"])
     np.testing.assert_array_equal(_tensor(dumps, "ge_keys", index, "sum"), result.as_numpy("sum"))
     assert "model 'ge_keys': dump_data: wrote every node's inputs and outputs of the first request" in server.output()
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_label_filename_and_class_count_answer_the_top_classes(peers, protocol):
+    """An output with `label_filename` (a peer config's classification): a client asking for `class_count` gets
+    "score:index:label" of the best classes, labels read from the file as UTF-8, the other output as it is."""
+    import tritonclient.grpc as grpcclient
+
+    server, _, _ = peers
+    module, url = (httpclient, server.http_url) if protocol == "http" else (grpcclient, server.grpc_url)
+    feeds = add_mul_feeds(3, seed=7)
+    client = module.InferenceServerClient(url)
+    inputs = []
+    for name, array in feeds.items():
+        tensor = module.InferInput(name, list(array.shape), "FP32")
+        tensor.set_data_from_numpy(array)
+        inputs.append(tensor)
+    outputs = [module.InferRequestedOutput("sum", class_count=3), module.InferRequestedOutput("product")]
+    result = client.infer("classified", inputs, outputs=outputs)
+    total = feeds["x"] + feeds["y"]
+    np.testing.assert_allclose(result.as_numpy("product"), feeds["x"] * feeds["y"], rtol=1e-6)
+    top = result.as_numpy("sum")
+    assert top.shape == (3, 3)
+    for row, answer in zip(total, top):
+        best = np.argsort(-row)[:3]
+        parsed = [entry.decode("utf-8").split(":") for entry in answer]
+        assert [int(index) for _, index, _ in parsed] == list(best), (row, answer)
+        assert [label for _, _, label in parsed] == [LABELS[i] for i in best]
+        np.testing.assert_allclose([float(score) for score, _, _ in parsed], row[best], rtol=1e-5)
 
 
 def test_a_config_broken_before_sighup_is_reported_with_its_line(peers):
