@@ -103,6 +103,15 @@ WARMUP = """model_warmup [ {
 CLASSIFIED_OUTPUT = 'output [ { name: "sum", data_type: TYPE_FP32, dims: [ 4 ], label_filename: "labels.txt" } ]\n'
 LABELS = ["猫", "狗", "一只鸟", "bird"]
 
+VERSIONS = {"1": (4, "Add"), "2": (6, "Mul")}  # version -> width of x, y and out; the op
+
+
+def elementwise(width: int, op: str) -> onnx.ModelProto:
+    tensors = [helper.make_tensor_value_info(name, TensorProto.FLOAT, ["batch", width]) for name in ("x", "y", "out")]
+    graph = helper.make_graph([helper.make_node(op, ["x", "y"], ["out"])], op.lower(), tensors[:2], tensors[2:])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
 BROKEN_CONFIG = 'backend: "ge"\nmax_batch_size: 4\ninput [ { name: "x" data_type: TYPE_FP32 dims: [ 4 ] } ]\nmax_batch_size: eight\n'
 
 
@@ -167,6 +176,12 @@ def peers(tmp_path_factory):
     # Triton's classification extension: an output with labels, the other output left to auto-complete
     add_model(repo, "classified", 'backend: "ge"\nmax_batch_size: 4\n' + ONE_CPU + CLASSIFIED_OUTPUT, build_add_mul())
     (repo / "classified" / "labels.txt").write_text("\n".join(LABELS) + "\n", encoding="utf-8")
+    # every version served, each with its own tensors: auto-complete reads each version's own file, as the peer does
+    (repo / "versions").mkdir()
+    (repo / "versions" / "config.pbtxt").write_text('backend: "ge"\nmax_batch_size: 4\nversion_policy: { all { } }\n' + ONE_CPU)
+    for version, (width, op) in VERSIONS.items():
+        (repo / "versions" / version).mkdir()
+        onnx.save(elementwise(width, op), str(repo / "versions" / version / "model.onnx"))
     server = start_server(repo, root / "serve.log")
     yield server, repo, dumps
     assert server.stop() == 0
@@ -186,7 +201,7 @@ def load_line(out: str, model: str) -> str:
 def test_the_good_models_serve_and_the_broken_ones_are_named(peers):
     server, repo, _ = peers
     out = server.output()
-    assert "gebackend: 7 of 9 models ready" in out, out[-5000:]
+    assert "gebackend: 9 of 11 models ready" in out, out[-5000:]
     config = repo / "badcfg" / "config.pbtxt"
     # Triton itself only logs "failed to read text proto"; the CLI names the model, the file, line and column.
     assert re.search(rf"gebackend: model 'badcfg' failed to load: cannot parse {re.escape(str(config))}:4:17: "
@@ -330,6 +345,25 @@ def test_label_filename_and_class_count_answer_the_top_classes(peers, protocol):
         assert [int(index) for _, index, _ in parsed] == list(best), (row, answer)
         assert [label for _, _, label in parsed] == [LABELS[i] for i in best]
         np.testing.assert_allclose([float(score) for score, _, _ in parsed], row[best], rtol=1e-5)
+
+
+def test_every_version_is_completed_from_its_own_file_and_answers(peers):
+    """`version_policy: { all { } }` with versions whose tensors differ: both load, each with its own dims in its
+    config, and each answers with its own graph (before, both were completed from the latest file and version 1
+    failed to load: `input 'x' dim 0 is 6 in config.pbtxt but 4 in the ONNX file`)."""
+    server, _, _ = peers
+    client = httpclient.InferenceServerClient(server.http_url)
+    for version, (width, op) in VERSIONS.items():
+        assert client.get_model_config("versions", version)["input"][0]["dims"] == [width]
+        x = np.full((2, width), 3.0, np.float32)
+        y = np.arange(2 * width, dtype=np.float32).reshape(2, width)
+        inputs = []
+        for name, array in (("x", x), ("y", y)):
+            tensor = httpclient.InferInput(name, list(array.shape), "FP32")
+            tensor.set_data_from_numpy(array)
+            inputs.append(tensor)
+        out = client.infer("versions", inputs, model_version=version).as_numpy("out")
+        np.testing.assert_array_equal(out, x + y if op == "Add" else x * y)
 
 
 def test_a_config_broken_before_sighup_is_reported_with_its_line(peers):

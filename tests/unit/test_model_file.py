@@ -11,6 +11,7 @@ from gebackend.config.model_file import (
     REPOSITORY_ENV_VAR,
     find_model_file,
     latest_version_dir,
+    version_dir_of_stub,
     model_dir_in_repositories,
 )
 from gebackend.errors import ConfigError
@@ -90,6 +91,22 @@ def test_latest_version_dir_none(tmp_path):
     assert str(tmp_path) in str(info.value)
     with pytest.raises(ConfigError):
         latest_version_dir(tmp_path / "missing")
+
+
+def test_version_dir_of_stub_is_the_version_the_stub_serves(tmp_path):
+    model = tmp_path / "repo" / "multi"
+    for name in ("1", "2"):
+        (model / name).mkdir(parents=True)
+    assert version_dir_of_stub(model, str(model / "1" / "model.py")) == model / "1"
+    assert version_dir_of_stub(model, str(model / "2" / "model.py")) == model / "2"
+    link = tmp_path / "linked"  # the repository reached through a symlink: still that model's version
+    link.symlink_to(tmp_path / "repo")
+    assert version_dir_of_stub(model, str(link / "multi" / "1" / "model.py")) == link / "multi" / "1"
+    # no argument, another model's folder, a version folder that is gone, a plain script: the latest version
+    other = tmp_path / "repo" / "other" / "1"
+    other.mkdir(parents=True)
+    for stub_path in (None, "", str(other / "model.py"), str(model / "7" / "model.py"), "/usr/bin/python3"):
+        assert version_dir_of_stub(model, stub_path) == model / "2", stub_path
 
 
 def test_model_dir_in_repositories(tmp_path):

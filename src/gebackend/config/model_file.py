@@ -37,6 +37,21 @@ def latest_version_dir(model_dir: str | Path) -> Path:
     return max(versions, key=lambda p: int(p.name))
 
 
+def version_dir_of_stub(model_dir: str | Path, stub_model_path: str | None) -> Path:
+    """The version folder a Python-backend stub serves: Triton starts each stub with `<model>/<version>/model.py` as its
+    first argument, one stub per version, the auto-complete stub included, while the auto-complete hook itself is told
+    no version. That folder when it is a numeric folder of `model_dir`, else the latest version (`latest_version_dir`).
+
+    Each version of a model is completed from its own file, as Triton's onnxruntime backend completes it: a model with
+    `version_policy: { all { } }` whose versions differ in their tensors loads every version."""
+    model_dir = Path(model_dir)
+    if stub_model_path:
+        folder = Path(stub_model_path).parent
+        if folder.name.isdigit() and folder.is_dir() and os.path.realpath(folder.parent) == os.path.realpath(model_dir):
+            return folder
+    return latest_version_dir(model_dir)
+
+
 def model_dir_in_repositories(model_name: str, environ=os.environ) -> Path:
     """The folder of `model_name` in the repositories the CLI announced in `GE_MODEL_REPOSITORY`.
 

@@ -8,6 +8,7 @@ backend stub process, so it is passed in rather than imported; everything else h
 
 from __future__ import annotations
 
+import os
 import json
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from gebackend.config.io_names import aliased_signature
-from gebackend.config.model_file import find_model_file, latest_version_dir, model_dir_in_repositories
+from gebackend.config.model_file import find_model_file, model_dir_in_repositories, version_dir_of_stub
 from gebackend.config.onnx_signature import read_signature
 from gebackend.config.spec import reconcile
 from gebackend.errors import GeBackendError, InvalidRequest, named
@@ -31,7 +32,7 @@ def auto_complete(auto_complete_model_config: Any, pb_utils: Any) -> Any:
     config = auto_complete_model_config.as_dict()
     name = config["name"]
     try:
-        version_dir = latest_version_dir(model_dir_in_repositories(name))
+        version_dir = version_dir_of_stub(model_dir_in_repositories(name), _stub_model_path())
         path = find_model_file(version_dir, config.get("default_model_filename", ""))
         parsed = parsed_options(name, config)
         result = reconcile(name, config, aliased_signature(config, read_signature(path)), parsed.options.default_max_batch_size)
@@ -133,6 +134,17 @@ class ServedModel:
         if self.metrics is not None:
             self.metrics.close()
         self.instance.close()
+
+
+def _stub_model_path() -> str | None:
+    """The stub's first argument, `<model>/<version>/model.py` (Triton's Python backend starts every stub so; the
+    embedded interpreter's `sys.argv` does not carry it); None where it cannot be read."""
+    try:
+        with open("/proc/self/cmdline", "rb") as cmdline:
+            args = cmdline.read().split(b"\0")
+    except OSError:
+        return None
+    return os.fsdecode(args[1]) if len(args) > 1 and args[1] else None
 
 
 def _as_numpy(tensor: Any) -> np.ndarray:
