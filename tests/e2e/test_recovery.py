@@ -272,6 +272,28 @@ def test_allowed_model_control_is_not_fought_by_the_watchdog(tmp_path):
         assert server.stop() == 0
 
 
+def test_a_model_loaded_with_its_files_in_the_request_is_served(tmp_path):
+    """Triton's model-control load with the files in the request (`file:1/model.onnx`): Triton keeps them in a folder
+    of its own outside the repository, and the model is completed and loaded from there (before: `model 'uploaded'
+    not found in the repositories named by GE_MODEL_REPOSITORY`)."""
+    repo = tmp_path / "models"
+    add_model(repo, "a", CONFIG, build_add_mul())
+    server = start_server(repo, tmp_path / "serve.log", ["--allow-model-control"])
+    try:
+        client = httpclient.InferenceServerClient(server.http_url)
+        files = {"file:1/model.onnx": build_add_mul().SerializeToString()}
+        client.load_model("uploaded", config='{"backend": "ge", "max_batch_size": 4}', files=files)
+        assert client.is_model_ready("uploaded")
+        assert client.get_model_config("uploaded")["input"][0]["dims"] == [4]  # completed from the uploaded file
+        np.testing.assert_array_equal(infer(client, httpclient, "uploaded", 3.0), np.full((1, 4), 6.0, np.float32))
+        np.testing.assert_array_equal(infer(client, httpclient, "a", 1.0), np.full((1, 4), 2.0, np.float32))
+        time.sleep(2.5)  # more than two watchdog rounds: a model outside the repository is no stranger to it
+        assert "died" not in server.output()
+        client.close()
+    finally:
+        assert server.stop() == 0
+
+
 def ended(process: psutil.Process) -> bool:
     try:
         return process.status() == psutil.STATUS_ZOMBIE

@@ -97,16 +97,11 @@ def test_version_dir_of_stub_is_the_version_the_stub_serves(tmp_path):
     model = tmp_path / "repo" / "multi"
     for name in ("1", "2"):
         (model / name).mkdir(parents=True)
-    assert version_dir_of_stub(model, str(model / "1" / "model.py")) == model / "1"
-    assert version_dir_of_stub(model, str(model / "2" / "model.py")) == model / "2"
-    link = tmp_path / "linked"  # the repository reached through a symlink: still that model's version
-    link.symlink_to(tmp_path / "repo")
-    assert version_dir_of_stub(model, str(link / "multi" / "1" / "model.py")) == link / "multi" / "1"
-    # no argument, another model's folder, a version folder that is gone, a plain script: the latest version
-    other = tmp_path / "repo" / "other" / "1"
-    other.mkdir(parents=True)
-    for stub_path in (None, "", str(other / "model.py"), str(model / "7" / "model.py"), "/usr/bin/python3"):
-        assert version_dir_of_stub(model, stub_path) == model / "2", stub_path
+    assert version_dir_of_stub(str(model / "1" / "model.py")) == model / "1"
+    assert version_dir_of_stub(str(model / "2" / "model.py")) == model / "2"
+    # no argument, a version folder that is gone, a plain script: none (the caller falls back to the latest version)
+    for stub_path in (None, "", str(model / "7" / "model.py"), "/usr/bin/python3"):
+        assert version_dir_of_stub(stub_path) is None, stub_path
 
 
 def test_model_dir_in_repositories(tmp_path):

@@ -37,19 +37,19 @@ def latest_version_dir(model_dir: str | Path) -> Path:
     return max(versions, key=lambda p: int(p.name))
 
 
-def version_dir_of_stub(model_dir: str | Path, stub_model_path: str | None) -> Path:
-    """The version folder a Python-backend stub serves: Triton starts each stub with `<model>/<version>/model.py` as its
-    first argument, one stub per version, the auto-complete stub included, while the auto-complete hook itself is told
-    no version. That folder when it is a numeric folder of `model_dir`, else the latest version (`latest_version_dir`).
+def version_dir_of_stub(stub_model_path: str | None) -> Path | None:
+    """The version folder a Python-backend stub serves, or None where `stub_model_path` names none. Triton starts each
+    stub, one per version and the auto-complete stub included, with `<model folder>/<version>/model.py` as its first
+    argument, while the auto-complete hook itself is told neither the folder nor the version.
 
-    Each version of a model is completed from its own file, as Triton's onnxruntime backend completes it: a model with
-    `version_policy: { all { } }` whose versions differ in their tensors loads every version."""
-    model_dir = Path(model_dir)
-    if stub_model_path:
-        folder = Path(stub_model_path).parent
-        if folder.name.isdigit() and folder.is_dir() and os.path.realpath(folder.parent) == os.path.realpath(model_dir):
-            return folder
-    return latest_version_dir(model_dir)
+    So each version of a model is completed from its own file, as Triton's onnxruntime backend completes it (a model
+    with `version_policy: { all { } }` whose versions differ in their tensors loads every version), and a model loaded
+    through the model-control API with its files in the request (`file:1/model.onnx`), which Triton keeps in a
+    folder of its own outside the repository, is completed from those files."""
+    if not stub_model_path:
+        return None
+    folder = Path(stub_model_path).parent
+    return folder if folder.name.isdigit() and folder.is_dir() else None
 
 
 def model_dir_in_repositories(model_name: str, environ=os.environ) -> Path:

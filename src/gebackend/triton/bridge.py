@@ -16,7 +16,8 @@ from typing import Any
 import numpy as np
 
 from gebackend.config.io_names import aliased_signature
-from gebackend.config.model_file import find_model_file, model_dir_in_repositories, version_dir_of_stub
+from gebackend.config.model_file import (find_model_file, latest_version_dir, model_dir_in_repositories,
+                                         version_dir_of_stub)
 from gebackend.config.onnx_signature import read_signature
 from gebackend.config.spec import reconcile
 from gebackend.errors import GeBackendError, InvalidRequest, named
@@ -32,7 +33,7 @@ def auto_complete(auto_complete_model_config: Any, pb_utils: Any) -> Any:
     config = auto_complete_model_config.as_dict()
     name = config["name"]
     try:
-        version_dir = version_dir_of_stub(model_dir_in_repositories(name), _stub_model_path())
+        version_dir = version_dir_of_stub(_stub_model_path()) or latest_version_dir(model_dir_in_repositories(name))
         path = find_model_file(version_dir, config.get("default_model_filename", ""))
         parsed = parsed_options(name, config)
         result = reconcile(name, config, aliased_signature(config, read_signature(path)), parsed.options.default_max_batch_size)
