@@ -206,3 +206,35 @@ def test_example_client_checks_every_model(server, repository):
     for model in ("resnet_ge", "bert_ge", "resnet_npu_ge", "add_mul"):
         for protocol in ("http", "grpc"):
             assert re.search(rf"^{model} \[{protocol}\]: .* matches onnxruntime", done.stdout, re.M), done.stdout
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_inputs_and_outputs_in_client_shared_memory(server, repository, protocol):
+    """tritonclient's system shared memory (what `perf_analyzer --shared-memory system` uses): the input read from a
+    region the client wrote, the output written into one it reads, equal to ONNX Runtime's answer."""
+    import os
+
+    import tritonclient.utils.shared_memory as shm
+
+    module, client = client_for(server, protocol)
+    image = np.random.default_rng(11).standard_normal((2, 3, 64, 64)).astype(np.float32)
+    want = reference(repository, "resnet_ge", {"image": image})["logits"]
+    tag = f"ge_test_{protocol}_{os.getpid()}"
+    region_in = shm.create_shared_memory_region(f"{tag}_in", f"/{tag}_in", image.nbytes)
+    region_out = shm.create_shared_memory_region(f"{tag}_out", f"/{tag}_out", want.nbytes)
+    try:
+        shm.set_shared_memory_region(region_in, [image])
+        client.register_system_shared_memory(f"{tag}_in", f"/{tag}_in", image.nbytes)
+        client.register_system_shared_memory(f"{tag}_out", f"/{tag}_out", want.nbytes)
+        tensor = module.InferInput("image", list(image.shape), "FP32")
+        tensor.set_shared_memory(f"{tag}_in", image.nbytes)
+        output = module.InferRequestedOutput("logits")
+        output.set_shared_memory(f"{tag}_out", want.nbytes)
+        client.infer("resnet_ge", [tensor], outputs=[output])
+        got = shm.get_contents_as_numpy(region_out, np.float32, list(want.shape))
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    finally:
+        for name in (f"{tag}_in", f"{tag}_out"):
+            client.unregister_system_shared_memory(name)
+        shm.destroy_shared_memory_region(region_in)
+        shm.destroy_shared_memory_region(region_out)
