@@ -20,6 +20,7 @@ import numpy as np
 from gebackend.errors import ConfigError
 from gebackend.preprocess import image, text
 from gebackend.preprocess.vocab import find_vocab
+from gebackend.triton.strings import decode_utf8
 
 
 @dataclass(frozen=True)
@@ -101,7 +102,7 @@ def _load_text(params: dict, model_dir: Path, version_dir: Path) -> Preprocessor
     path = find_vocab(model_dir, version_dir, params["vocab_file"])
     tokenizer = text.CnClipTokenizer(path, params["context_length"])
     return Preprocessor(
-        prepare=text.decode_utf8,
+        prepare=decode_utf8,
         run=tokenizer.encode,
         description=(f"cn_clip tokenize(context_length={tokenizer.context_length}) with {path} "
                      f"({len(tokenizer.vocab)} tokens): UTF-8 text -> int64 [{tokenizer.context_length}]"),

@@ -33,7 +33,7 @@ from tokenizers import Tokenizer
 from tokenizers.models import WordPiece
 from tokenizers.processors import TemplateProcessing
 
-from gebackend.errors import ConfigError, InvalidRequest
+from gebackend.errors import ConfigError
 
 CONTEXT_LENGTH = 52
 MAX_INPUT_CHARS_PER_WORD = 200  # cn_clip's WordpieceTokenizer default
@@ -162,17 +162,3 @@ class CnClipTokenizer:
             return np.zeros((0, self.context_length), dtype=np.int64)
         encodings = self.wordpiece.encode_batch([self.basic.tokenize(t) for t in texts], is_pretokenized=True)
         return np.array([e.ids for e in encodings], dtype=np.int64)
-
-
-def decode_utf8(value) -> str:
-    """A TYPE_STRING element as text: UTF-8 bytes (strictly: invalid UTF-8 is the client's error) or str."""
-    if isinstance(value, str):
-        return value
-    if not isinstance(value, (bytes, bytearray, memoryview)):
-        raise InvalidRequest(f"expected UTF-8 text, got {type(value).__name__}")
-    data = bytes(value)
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise InvalidRequest(f"expected UTF-8 text, got {len(data)} bytes that are not valid UTF-8 "
-                             f"({exc.reason} at byte {exc.start})") from None

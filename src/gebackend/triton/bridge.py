@@ -26,6 +26,7 @@ from gebackend.runtime.sequence_state import SequenceKey
 from gebackend.engines.bfloat16 import BF16
 from gebackend.triton.bf16_tensors import bf16_tensor, read_bf16
 from gebackend.triton.metrics import BackendMetrics
+from gebackend.triton.strings import to_engine, to_triton
 
 
 def auto_complete(auto_complete_model_config: Any, pb_utils: Any) -> Any:
@@ -99,7 +100,7 @@ class ServedModel:
 
     def execute(self, requests: list) -> list:
         pb = self.pb
-        batch = [{(name := t.name()): self._to_model(name, _to_engine(_as_numpy(t))) for t in request.inputs()}
+        batch = [{(name := t.name()): self._to_model(name, to_engine(_as_numpy(t))) for t in request.inputs()}
                  for request in requests]
         keys = None
         if self.instance.sequences is not None:  # a stateful model: which sequence each request continues
@@ -112,7 +113,7 @@ class ServedModel:
                 responses.append(pb.InferenceResponse(output_tensors=[], error=pb.TritonError(str(result), code)))
                 continue
             wanted = request.requested_output_names() or list(result)
-            tensors = [self._tensor(name, self._to_wire(name, _to_triton(result[name]))) for name in wanted
+            tensors = [self._tensor(name, self._to_wire(name, to_triton(result[name]))) for name in wanted
                        if name in result]
             responses.append(pb.InferenceResponse(output_tensors=tensors))
         return responses
@@ -157,16 +158,3 @@ def _as_numpy(tensor: Any) -> np.ndarray:
         except ValueError:
             pass
         raise
-
-
-def _to_engine(array: np.ndarray) -> np.ndarray:
-    """Triton hands BYTES tensors over as objects of `bytes`; ONNX Runtime wants `str`."""
-    if array.dtype == np.object_:
-        return np.vectorize(lambda v: v.decode("utf-8") if isinstance(v, bytes) else v, otypes=[object])(array)
-    return array
-
-
-def _to_triton(array: np.ndarray) -> np.ndarray:
-    if array.dtype == np.object_:
-        return np.vectorize(lambda v: v.encode("utf-8") if isinstance(v, str) else v, otypes=[object])(array)
-    return np.ascontiguousarray(array)
