@@ -112,6 +112,12 @@ def elementwise(width: int, op: str) -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
+def string_identity() -> onnx.ModelProto:
+    tensors = [helper.make_tensor_value_info(name, TensorProto.STRING, ["batch", 2]) for name in ("text", "same")]
+    graph = helper.make_graph([helper.make_node("Identity", ["text"], ["same"])], "strings", tensors[:1], tensors[1:])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
 BROKEN_CONFIG = 'backend: "ge"\nmax_batch_size: 4\ninput [ { name: "x" data_type: TYPE_FP32 dims: [ 4 ] } ]\nmax_batch_size: eight\n'
 
 
@@ -176,6 +182,9 @@ def peers(tmp_path_factory):
     # Triton's classification extension: an output with labels, the other output left to auto-complete
     add_model(repo, "classified", 'backend: "ge"\nmax_batch_size: 4\n' + ONE_CPU + CLASSIFIED_OUTPUT, build_add_mul())
     (repo / "classified" / "labels.txt").write_text("\n".join(LABELS) + "\n", encoding="utf-8")
+    # a STRING model; the batcher waits so that requests sent together run together
+    add_model(repo, "strings", 'backend: "ge"\nmax_batch_size: 4\ndynamic_batching { max_queue_delay_microseconds: 300000 }\n'
+              + ONE_CPU, string_identity())
     # every version served, each with its own tensors: auto-complete reads each version's own file, as the peer does
     (repo / "versions").mkdir()
     (repo / "versions" / "config.pbtxt").write_text('backend: "ge"\nmax_batch_size: 4\nversion_policy: { all { } }\n' + ONE_CPU)
@@ -201,7 +210,7 @@ def load_line(out: str, model: str) -> str:
 def test_the_good_models_serve_and_the_broken_ones_are_named(peers):
     server, repo, _ = peers
     out = server.output()
-    assert "gebackend: 9 of 11 models ready" in out, out[-5000:]
+    assert "gebackend: 10 of 12 models ready" in out, out[-5000:]
     config = repo / "badcfg" / "config.pbtxt"
     # Triton itself only logs "failed to read text proto"; the CLI names the model, the file, line and column.
     assert re.search(rf"gebackend: model 'badcfg' failed to load: cannot parse {re.escape(str(config))}:4:17: "
@@ -364,6 +373,41 @@ def test_every_version_is_completed_from_its_own_file_and_answers(peers):
             inputs.append(tensor)
         out = client.infer("versions", inputs, model_version=version).as_numpy("out")
         np.testing.assert_array_equal(out, x + y if op == "Add" else x * y)
+
+
+def test_bytes_that_are_no_utf8_fail_their_request_alone(peers):
+    """A STRING request carrying bytes that are no UTF-8 (which ONNX Runtime's Python API cannot take) is a 400 naming
+    the model, the input and the element; the requests batched with it are answered (before: all of them got a 500
+    with a Python traceback of the decoding)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tritonclient.utils import InferenceServerException
+
+    server, _, _ = peers
+    sent = [np.array([["猫 cat".encode(), b"ok"]], dtype=object), np.array([[b"fine", b"\xff\xfe bad"]], dtype=object),
+            np.array([["一只鸟".encode(), b""]], dtype=object)]
+
+    def send(array):
+        client = httpclient.InferenceServerClient(server.http_url)
+        tensor = httpclient.InferInput("text", list(array.shape), "BYTES")
+        tensor.set_data_from_numpy(array)
+        try:
+            return client.infer("strings", [tensor]).as_numpy("same")
+        except InferenceServerException as exc:
+            return exc
+        finally:
+            client.close()
+
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        answers = list(pool.map(send, sent))
+    assert isinstance(answers[1], InferenceServerException) and str(answers[1].status()) == "400", answers[1]
+    message = str(answers[1])
+    assert "model 'strings', input 'text', element [0, 1]: expected UTF-8 text" in message and "At:" not in message
+    for index in (0, 2):
+        assert answers[index].tolist() == sent[index].tolist()
+    client = httpclient.InferenceServerClient(server.http_url)
+    stats = client.get_inference_statistics("strings")["model_stats"][0]["batch_stats"]
+    assert max(int(b["batch_size"]) for b in stats) >= 2, stats  # the bad request shared its execute with a good one
 
 
 def test_a_config_broken_before_sighup_is_reported_with_its_line(peers):

@@ -100,12 +100,18 @@ class ServedModel:
 
     def execute(self, requests: list) -> list:
         pb = self.pb
-        batch = [{(name := t.name()): self._to_model(name, to_engine(_as_numpy(t))) for t in request.inputs()}
-                 for request in requests]
+        batch, taken, refused = [], [], {}  # a request whose tensors cannot be read fails alone
+        for index, request in enumerate(requests):
+            try:
+                batch.append(self._feeds(request))
+                taken.append(request)
+            except InvalidRequest as exc:
+                refused[index] = exc
         keys = None
         if self.instance.sequences is not None:  # a stateful model: which sequence each request continues
-            keys = [SequenceKey(request.correlation_id(), request.flags()) for request in requests]
-        results = self.instance.execute(batch, keys)
+            keys = [SequenceKey(request.correlation_id(), request.flags()) for request in taken]
+        ran = iter(self.instance.execute(batch, keys) if batch else ())
+        results = [refused[index] if index in refused else next(ran) for index in range(len(requests))]
         responses = []
         for request, result in zip(requests, results):
             if isinstance(result, BaseException):
@@ -117,6 +123,10 @@ class ServedModel:
                        if name in result]
             responses.append(pb.InferenceResponse(output_tensors=tensors))
         return responses
+
+    def _feeds(self, request) -> dict[str, np.ndarray]:
+        model = self.spec.name
+        return {(name := t.name()): self._to_model(name, to_engine(_as_numpy(t), model, name)) for t in request.inputs()}
 
     def _to_model(self, name: str, array: np.ndarray) -> np.ndarray:
         """A scalar input of a model without batching arrives as [1] (its config dims): the model takes it as []."""

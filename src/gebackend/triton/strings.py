@@ -1,5 +1,6 @@
 """BYTES tensors between Triton and the engines: Triton hands them over as `bytes`, ONNX Runtime's Python API takes and
-gives `str`; the text preprocessing reads them as UTF-8 text the same way."""
+gives `str`; the text preprocessing reads them as UTF-8 text the same way. Bytes that are not UTF-8 are the
+request's error (400), answered for that request alone."""
 
 from __future__ import annotations
 
@@ -22,11 +23,26 @@ def decode_utf8(value) -> str:
                              f"({exc.reason} at byte {exc.start})") from None
 
 
-def to_engine(array: np.ndarray) -> np.ndarray:
-    """Triton hands BYTES tensors over as objects of `bytes`; ONNX Runtime wants `str`."""
-    if array.dtype == np.object_:
-        return np.vectorize(lambda v: v.decode("utf-8") if isinstance(v, bytes) else v, otypes=[object])(array)
-    return array
+def to_engine(array: np.ndarray, model: str, name: str) -> np.ndarray:
+    """Triton hands BYTES tensors over as objects of `bytes`; ONNX Runtime's Python API takes `str` only (bytes that
+    are not UTF-8 cannot reach it), so an element that is no UTF-8 text is the request's error, `InvalidRequest`
+    naming the model, the input and the element."""
+    if array.dtype != np.object_:
+        return array
+    try:
+        return np.vectorize(decode_utf8, otypes=[object])(array)
+    except InvalidRequest as exc:
+        where = next((list(i) for i in np.ndindex(array.shape) if not _is_text(array[i])), "?")
+        raise InvalidRequest(f"model '{model}', input '{name}', element {where}: {exc}; a STRING input reaches the "
+                             f"engine as text, so send UTF-8") from None
+
+
+def _is_text(value) -> bool:
+    try:
+        decode_utf8(value)
+    except InvalidRequest:
+        return False
+    return True
 
 
 def to_triton(array: np.ndarray) -> np.ndarray:
