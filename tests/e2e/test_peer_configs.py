@@ -112,6 +112,17 @@ def elementwise(width: int, op: str) -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
+SCALE = np.arange(1, 7, dtype=np.float32).reshape(6, 1) / 4  # the weight kept outside the ONNX file
+
+
+def scaled_rows() -> onnx.ModelProto:
+    """out = x * weight for x [batch, 6, 1] and a stored weight [6, 1]."""
+    tensors = [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["batch", 6, 1]) for n in ("x", "out")]
+    graph = helper.make_graph([helper.make_node("Mul", ["x", "weight"], ["out"])], "scaled", tensors[:1], tensors[1:],
+                              [numpy_helper.from_array(SCALE, "weight")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
 def string_identity() -> onnx.ModelProto:
     tensors = [helper.make_tensor_value_info(name, TensorProto.STRING, ["batch", 2]) for name in ("text", "same")]
     graph = helper.make_graph([helper.make_node("Identity", ["text"], ["same"])], "strings", tensors[:1], tensors[1:])
@@ -185,6 +196,13 @@ def peers(tmp_path_factory):
     # a STRING model; the batcher waits so that requests sent together run together
     add_model(repo, "strings", 'backend: "ge"\nmax_batch_size: 4\ndynamic_batching { max_queue_delay_microseconds: 300000 }\n'
               + ONE_CPU, string_identity())
+    # the onnxruntime backend's layout for a model with external weights: 1/model.onnx/ is a folder holding model.onnx
+    for name, extra in (("in_a_folder", ""), ("in_a_folder_static", params(static_model="1"))):
+        folder = repo / name / "1" / "model.onnx"
+        folder.mkdir(parents=True)
+        onnx.save(scaled_rows(), str(folder / "model.onnx"), save_as_external_data=True, all_tensors_to_one_file=True,
+                  location="weights.bin", size_threshold=0)
+        (repo / name / "config.pbtxt").write_text('backend: "ge"\nmax_batch_size: 4\n' + ONE_CPU + extra)
     # every version served, each with its own tensors: auto-complete reads each version's own file, as the peer does
     (repo / "versions").mkdir()
     (repo / "versions" / "config.pbtxt").write_text('backend: "ge"\nmax_batch_size: 4\nversion_policy: { all { } }\n' + ONE_CPU)
@@ -210,7 +228,7 @@ def load_line(out: str, model: str) -> str:
 def test_the_good_models_serve_and_the_broken_ones_are_named(peers):
     server, repo, _ = peers
     out = server.output()
-    assert "gebackend: 10 of 12 models ready" in out, out[-5000:]
+    assert "gebackend: 12 of 14 models ready" in out, out[-5000:]
     config = repo / "badcfg" / "config.pbtxt"
     # Triton itself only logs "failed to read text proto"; the CLI names the model, the file, line and column.
     assert re.search(rf"gebackend: model 'badcfg' failed to load: cannot parse {re.escape(str(config))}:4:17: "
@@ -408,6 +426,16 @@ def test_bytes_that_are_no_utf8_fail_their_request_alone(peers):
     client = httpclient.InferenceServerClient(server.http_url)
     stats = client.get_inference_statistics("strings")["model_stats"][0]["batch_stats"]
     assert max(int(b["batch_size"]) for b in stats) >= 2, stats  # the bad request shared its execute with a good one
+
+
+@pytest.mark.parametrize("model", ["in_a_folder", "in_a_folder_static"])
+def test_a_model_folder_with_external_weights_is_served(peers, model):
+    """`1/model.onnx/model.onnx` with its weights in `1/model.onnx/weights.bin`: the onnxruntime backend's layout for
+    large models; served in both graph modes (before: `no ONNX file in …/1`)."""
+    server, repo, _ = peers
+    assert (repo / model / "1" / "model.onnx" / "weights.bin").stat().st_size == SCALE.nbytes
+    x = np.random.default_rng(3).standard_normal((2, 6, 1)).astype(np.float32)
+    np.testing.assert_allclose(infer(server, "http", model, {"x": x}).as_numpy("out"), x * SCALE, rtol=1e-6)
 
 
 def test_a_config_broken_before_sighup_is_reported_with_its_line(peers):

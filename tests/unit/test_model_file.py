@@ -40,6 +40,17 @@ def test_first_sorted_onnx_when_no_model_onnx(tmp_path):
     assert find_model_file(tmp_path) == tmp_path / "beta.onnx"
 
 
+def test_a_model_folder_holds_model_onnx_as_the_onnxruntime_backend_reads_it(tmp_path):
+    inside = _touch(tmp_path / "model.onnx" / "model.onnx")
+    _touch(tmp_path / "model.onnx" / "weights.bin")
+    assert find_model_file(tmp_path) == inside
+    named = _touch(tmp_path / "big.onnx" / "model.onnx")  # default_model_filename naming a folder
+    assert find_model_file(tmp_path, "big.onnx") == named
+    (tmp_path / "empty.onnx").mkdir()
+    with pytest.raises(ConfigError, match=r"empty.onnx is a folder without model.onnx in it"):
+        find_model_file(tmp_path, "empty.onnx")
+
+
 def test_default_model_filename_honoured(tmp_path):
     _touch(tmp_path / "model.onnx")
     expected = _touch(tmp_path / "custom.onnx")

@@ -12,13 +12,20 @@ REPOSITORY_ENV_VAR = env.MODEL_REPOSITORY  # where the CLI says the repositories
 
 
 def find_model_file(version_dir: str | Path, default_model_filename: str = "") -> Path:
-    """`default_model_filename` from config.pbtxt if set, else `model.onnx`, else the first `*.onnx`."""
+    """`default_model_filename` from config.pbtxt if set, else `model.onnx`, else the first `*.onnx`. A folder of
+    that name holds the model as `<folder>/model.onnx` (its external weights beside it), as Triton's onnxruntime
+    backend reads it."""
     version_dir = Path(version_dir)
     if not version_dir.is_dir():
         raise ConfigError(f"model version folder {version_dir} does not exist")
     names = [default_model_filename] if default_model_filename else ["model.onnx"]
     for name in names:
         candidate = version_dir / name
+        if candidate.is_dir():
+            if (candidate / "model.onnx").is_file():
+                return candidate / "model.onnx"
+            raise ConfigError(f"{candidate} is a folder without model.onnx in it; a model kept in a folder is "
+                              f"<folder>/model.onnx, with its weights beside it")
         if candidate.is_file():
             return candidate
     others = sorted(p for p in version_dir.glob("*.onnx") if p.is_file())
