@@ -1,8 +1,8 @@
 """Accuracy of a lowered model: the same seeded random input through the reference and the lowered graph.
 
 `random_feeds` makes the input from the model's signature: floats standard normal; integers small and
-non-negative (below 100, and below the table size where the input indexes a constant Gather, so embedding
-lookups stay in range), all ones for inputs named like a mask; booleans random. Symbolic dims take the
+non-negative (below 100, and below the rows of the table where the input indexes one stored in the model,
+config/index_bounds.py, so embedding lookups stay in range), all ones for inputs named like a mask; booleans random. Symbolic dims take the
 sizes given, else `batch` for the first dim and `dim` for the others (one size per dim_param name).
 `accuracy_report` runs both models on the CPU and compares every output: max-abs-diff and cosine
 similarity (computed in float64). The load log and `gebackend analyze --precision` print its `format_text()`.
@@ -20,6 +20,7 @@ import numpy as np
 import onnx
 
 from gebackend.config import dtypes
+from gebackend.config.index_bounds import index_bounds
 from gebackend.engines import bfloat16
 from gebackend.engines.base import Engine
 from gebackend.errors import ConfigError, ModelLoadError
@@ -75,24 +76,6 @@ def _load(model: ModelSource) -> onnx.ModelProto:
     return onnx.load(str(model), load_external_data=False)
 
 
-def _index_limits(model: onnx.ModelProto) -> dict[str, int]:
-    """Inputs used as indices of a Gather over a constant table (directly or through a Cast): the table size."""
-    tables = {init.name: tuple(init.dims) for init in model.graph.initializer}
-    producers_of_cast = {node.output[0]: node.input[0] for node in model.graph.node if node.op_type == "Cast"}
-    limits: dict[str, int] = {}
-    for node in model.graph.node:
-        if node.op_type != "Gather" or len(node.input) < 2 or node.input[0] not in tables:
-            continue
-        axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
-        table = tables[node.input[0]]
-        if not table:
-            continue
-        size = table[axis % len(table)]
-        source = producers_of_cast.get(node.input[1], node.input[1])
-        limits[source] = min(limits.get(source, size), size)
-    return limits
-
-
 def random_feeds(
     model: ModelSource,
     shapes: Mapping[str, Sequence[int]] | None = None,
@@ -106,7 +89,7 @@ def random_feeds(
     proto = _load(model)
     shapes = dict(shapes or {})
     initializers = {init.name for init in proto.graph.initializer}
-    limits = _index_limits(proto)
+    limits = {name: bound.high + 1 for name, bound in index_bounds(proto).items()}  # rows of the table each indexes
     named: dict[str, int] = {}
     rng = np.random.default_rng(seed)
     feeds: dict[str, np.ndarray] = {}
