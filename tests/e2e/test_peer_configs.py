@@ -203,6 +203,9 @@ def peers(tmp_path_factory):
         onnx.save(scaled_rows(), str(folder / "model.onnx"), save_as_external_data=True, all_tensors_to_one_file=True,
                   location="weights.bin", size_threshold=0)
         (repo / name / "config.pbtxt").write_text('backend: "ge"\nmax_batch_size: 4\n' + ONE_CPU + extra)
+    # the onnxruntime backend's configs as they are, backend and platform spelled its way: served by ge
+    add_model(repo, "ort_by_backend", 'backend: "onnxruntime"\nmax_batch_size: 4\n', build_add_mul())
+    add_model(repo, "ort_by_platform", 'platform: "onnxruntime_onnx"\nmax_batch_size: 4\n' + ONE_CPU, build_add_mul())
     # every version served, each with its own tensors: auto-complete reads each version's own file, as the peer does
     (repo / "versions").mkdir()
     (repo / "versions" / "config.pbtxt").write_text('backend: "ge"\nmax_batch_size: 4\nversion_policy: { all { } }\n' + ONE_CPU)
@@ -228,7 +231,7 @@ def load_line(out: str, model: str) -> str:
 def test_the_good_models_serve_and_the_broken_ones_are_named(peers):
     server, repo, _ = peers
     out = server.output()
-    assert "gebackend: 12 of 14 models ready" in out, out[-5000:]
+    assert "gebackend: 14 of 16 models ready" in out, out[-5000:]
     config = repo / "badcfg" / "config.pbtxt"
     # Triton itself only logs "failed to read text proto"; the CLI names the model, the file, line and column.
     assert re.search(rf"gebackend: model 'badcfg' failed to load: cannot parse {re.escape(str(config))}:4:17: "
@@ -436,6 +439,22 @@ def test_a_model_folder_with_external_weights_is_served(peers, model):
     assert (repo / model / "1" / "model.onnx" / "weights.bin").stat().st_size == SCALE.nbytes
     x = np.random.default_rng(3).standard_normal((2, 6, 1)).astype(np.float32)
     np.testing.assert_allclose(infer(server, "http", model, {"x": x}).as_numpy("out"), x * SCALE, rtol=1e-6)
+
+
+@pytest.mark.parametrize("model", ["ort_by_backend", "ort_by_platform"])
+def test_the_onnxruntime_backends_configs_are_served_unchanged(peers, model):
+    """`backend: "onnxruntime"` or `platform: "onnxruntime_onnx"`, not edited: served by ge (nvidia-pytriton ships no
+    onnxruntime backend), with the 2 CPU instances Triton gives that backend's models where the config names none."""
+    server, _, _ = peers
+    feeds = add_mul_feeds(3, seed=5)
+    result = infer(server, "http", model, feeds)
+    np.testing.assert_allclose(result.as_numpy("sum"), feeds["x"] + feeds["y"], rtol=1e-6)
+    np.testing.assert_allclose(result.as_numpy("product"), feeds["x"] * feeds["y"], rtol=1e-6)
+    out = server.output()
+    assert re.search(rf"model '{model}': config.pbtxt names Triton's onnxruntime backend, which this server does not "
+                     r"have: served by ge", out), out[-3000:]
+    loaded = set(re.findall(rf"model '{model}' instance '(\S+)' loaded", out))
+    assert len(loaded) == (2 if model == "ort_by_backend" else 1), loaded
 
 
 def test_a_config_broken_before_sighup_is_reported_with_its_line(peers):

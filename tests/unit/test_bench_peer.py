@@ -119,11 +119,25 @@ def test_the_layout_copies_the_peer_beside_our_backends(tmp_path):
     assert (copied / "libtritonserver.so").resolve() == (triton.libs / "libtritonserver-717102f0.so").resolve()
     # Python backend and ours untouched: the same entries as without the peer.
     assert sorted(p.relative_to(backends).as_posix() for p in backends.rglob("*") if "onnxruntime" not in p.parts) == \
-        sorted(p.relative_to(plain).as_posix() for p in plain.rglob("*"))
+        sorted(p.relative_to(plain).as_posix() for p in plain.rglob("*") if "onnxruntime" not in p.parts)
     assert (backends / "python" / "triton_python_backend_stub").is_symlink()
     assert not (backends / "python" / "libtriton_python.so").is_symlink()
     assert (backends / "ge" / "model.py").read_text() == layout.ADAPTER.read_text()
-    assert not (plain / "onnxruntime").exists()
+    # without the peer, Triton's onnxruntime backend's name is ours too: its models are served by ge, unchanged
+    assert (plain / "onnxruntime" / "model.py").read_text() == layout.ADAPTER.read_text()
+    assert not (copied / "model.py").exists()
+
+
+def test_the_peers_configs_name_a_backend_that_is_ours_unless_the_peer_is_given(tmp_path, monkeypatch):
+    from gebackend.server import shm
+
+    assert layout.backend_of({"backend": "onnxruntime"}) == layout.backend_of({"platform": "onnxruntime_onnx"}) == "onnxruntime"
+    assert layout.backend_of({"backend": "ge", "platform": "onnxruntime_onnx"}) == "ge"
+    assert layout.backend_of({"platform": "tensorflow_savedmodel"}) == ""
+    monkeypatch.delenv(layout.EXTRA_BACKENDS_ENV, raising=False)
+    assert "onnxruntime" in shm.python_based_backends()  # its instances are our stubs: /dev/shm is sized for them
+    monkeypatch.setenv(layout.EXTRA_BACKENDS_ENV, f"onnxruntime={tmp_path}")
+    assert "onnxruntime" not in shm.python_based_backends() and "ge" in shm.python_based_backends()
 
 
 def test_a_backend_library_linked_from_outside_becomes_a_real_file(tmp_path):

@@ -137,7 +137,7 @@ def test_python_backend_settings_come_from_backend_config(tmp_path: Path):
 
 
 def test_other_backends_are_not_counted_and_broken_models_count_one_instance(tmp_path: Path):
-    model(tmp_path, "onnx", 'backend: "onnxruntime"\nmax_batch_size: 1\n', ["batch", 4])
+    model(tmp_path, "tf", 'backend: "tensorflow"\nmax_batch_size: 1\n', ["batch", 4])
     model(tmp_path, "ensemble", 'platform: "ensemble"\n')
     model(tmp_path, "broken", 'backend: "ge"\nmax_batch_size: \n')
     model(tmp_path, "no_file", 'backend: "ge"\ninstance_group [ { count: 3 } ]\n')
@@ -145,6 +145,18 @@ def test_other_backends_are_not_counted_and_broken_models_count_one_instance(tmp
     assert {m.name: m.instances for m in need.models} == {"broken": 1, "no_file": 3}
     assert need.floor == 4 * MiB
     assert "tensor sizes unknown for" in need.describe()
+
+
+def test_the_onnxruntime_backends_models_are_ours_with_the_two_instances_triton_gives_them(tmp_path: Path, monkeypatch):
+    """Served by ge unless the peer is given (server/layout.py); Triton gives that backend's models 2 CPU instances
+    where the config names no count."""
+    from gebackend.server.layout import EXTRA_BACKENDS_ENV
+
+    monkeypatch.delenv(EXTRA_BACKENDS_ENV, raising=False)
+    model(tmp_path, "by_backend", 'backend: "onnxruntime"\nmax_batch_size: 1\n', ["batch", 4])
+    model(tmp_path, "by_platform", 'platform: "onnxruntime_onnx"\nmax_batch_size: 1\ninstance_group [ { count: 3 } ]\n',
+          ["batch", 4])
+    assert {m.name: m.instances for m in estimate_shm(tmp_path).models} == {"by_backend": 2, "by_platform": 3}
 
 
 def test_npu_ge_configs_that_rename_tensors_use_the_declared_dims(tmp_path: Path):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from gebackend.config.ge_keys import instance_count
-from gebackend.config.instance_groups import group_sizes, instance_total
+from gebackend.config.instance_groups import default_instance_count, group_sizes, instance_total
 from gebackend.runtime.pinning import instance_position
 from gebackend.server.shm import _model_shm
 
@@ -33,6 +33,15 @@ CASES = [
 def test_group_sizes_and_total(groups, sizes):
     assert group_sizes(groups) == sizes
     assert instance_total(groups) == sum(sizes)
+
+
+@pytest.mark.parametrize("groups,sizes", [
+    (None, [2]), ([{}], [2]), ([{"kind": "KIND_CPU"}, {"count": 3}], [2, 3]),
+    ([{"kind": "KIND_GPU", "gpus": [0, 1]}], [2]),  # GPU groups: 1 per GPU, as for any backend
+])
+def test_triton_gives_the_onnxruntime_backends_cpu_groups_two_instances(groups, sizes):
+    assert default_instance_count("onnxruntime") == 2 and default_instance_count("ge") == 1
+    assert group_sizes(groups, default_instance_count("onnxruntime")) == sizes
 
 
 @pytest.mark.parametrize("groups,sizes", CASES)

@@ -1,6 +1,7 @@
 """Lays out the backends directory tritonserver loads: Triton's Python backend plus our backends.
 
-Our backends are `ge` / `npu_ge` (ONNX models) and the CN_CLIP preprocessing backends
+Our backends are `ge` / `npu_ge` (ONNX models; also under Triton's `onnxruntime`, see PEER_NAMES) and the CN_CLIP
+preprocessing backends
 `cnclip_image_preprocess` / `cnclip_text_preprocess` (gebackend.preprocess), each a folder holding its adapter
 as `model.py`, so a model repository names them in `backend:` and never carries a model.py of its own.
 
@@ -33,6 +34,10 @@ from gebackend.files import link_or_copy
 from gebackend.server.distribution import TritonDistribution
 
 BACKEND_NAMES = ("ge", "npu_ge")  # the ONNX backends, both served by ADAPTER
+# Triton's onnxruntime backend's name: a model whose config says `backend: "onnxruntime"` (or `platform:
+# "onnxruntime_onnx"`, which Triton maps to it) is served by ADAPTER too, unchanged, unless the server is given that
+# backend itself (an extra backend of the name: the bench's peer). nvidia-pytriton ships no onnxruntime backend.
+PEER_NAMES = ("onnxruntime",)
 _TRITON = Path(__file__).resolve().parent.parent / "triton"
 ADAPTER = _TRITON / "model.py"
 # backend name -> the adapter laid out as backends/<name>/model.py
@@ -78,6 +83,16 @@ def copy_backend(source: Path, target: Path, triton: TritonDistribution | None =
     return target
 
 
+def backend_of(config: Mapping) -> str:
+    """The backend a model config names: `backend`, else the one Triton maps its `platform` to (onnxruntime_onnx)."""
+    return config.get("backend") or ("onnxruntime" if config.get("platform") == "onnxruntime_onnx" else "")
+
+
+def adapters(extra_backends: Mapping[str, Path]) -> dict[str, Path]:
+    """Backend name -> adapter, for a server given `extra_backends`: ours, and the peer's names not given as extras."""
+    return {**ADAPTERS, **{name: ADAPTER for name in PEER_NAMES if name not in extra_backends}}
+
+
 def lay_out_backends(triton: TritonDistribution, target: Path, extra_backends: Mapping[str, Path] | None = None) -> Path:
     """Create `<target>/backends` and return it; `extra_backends` (default: `$GE_EXTRA_BACKENDS`) are copied in."""
     backends = target / "backends"
@@ -86,10 +101,10 @@ def lay_out_backends(triton: TritonDistribution, target: Path, extra_backends: M
     for name in ("libtriton_python.so", "triton_python_backend_utils.py"):
         shutil.copy2(triton.python_backend / name, python / name)
     (python / "triton_python_backend_stub").symlink_to(triton.stub())
-    for name, adapter in ADAPTERS.items():
+    extra = extra_backends_from_env() if extra_backends is None else extra_backends
+    for name, adapter in adapters(extra).items():
         (backends / name).mkdir()
         shutil.copy2(adapter, backends / name / "model.py")
-    extra = extra_backends_from_env() if extra_backends is None else extra_backends
     for name, folder in extra.items():
         if name == "python" or name in ADAPTERS:
             raise ValueError(f"extra backend {name!r} would replace one of ours")

@@ -32,8 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Mapping
 
-from gebackend.config.instance_groups import instance_total
-from gebackend.server.layout import ADAPTERS
+from gebackend.config.instance_groups import default_instance_count, instance_total
+from gebackend.server.layout import adapters, backend_of, extra_backends_from_env
 
 MiB = 1024 * 1024
 # tritonserver 2.51's Python backend defaults (the stub's command line: "... 1048576 1048576 ...")
@@ -174,7 +174,7 @@ def _advice(size: int) -> str:
 
 def python_based_backends() -> set[str]:
     """Backends whose instances are Python backend stubs: ours (every adapter the layout installs) and `python`."""
-    return set(ADAPTERS) | {"python"}
+    return set(adapters(extra_backends_from_env())) | {"python"}
 
 
 def _round_up(value: int, step: int) -> int:
@@ -196,10 +196,10 @@ def _model_shm(folder: Path, global_options: dict[str, str]) -> ModelShm | None:
         config = load_model_config(config_path)
     except GeBackendError:
         return ModelShm(folder.name, 1, 0, note="config.pbtxt does not parse")
-    if config.get("backend", "") not in python_based_backends():
+    if backend_of(config) not in python_based_backends():
         return None
     name = config.get("name") or folder.name
-    instances = instance_total(config.get("instance_group"))
+    instances = instance_total(config.get("instance_group"), default_instance_count(backend_of(config)))
     try:
         max_batch, tensors = _tensors(folder, config, global_options)
     except Exception as exc:  # noqa: BLE001 - sizing must never be why a model that Triton can load is refused
