@@ -2,8 +2,8 @@
 
 `random_feeds` makes the input from the model's signature: floats standard normal; integers small and
 non-negative (below 100, and below the rows of the table where the input indexes one stored in the model,
-config/index_bounds.py, so embedding lookups stay in range), all ones for inputs named like a mask; booleans random. Symbolic dims take the
-sizes given, else `batch` for the first dim and `dim` for the others (one size per dim_param name).
+config/index_bounds.py, so embedding lookups stay in range), all ones for inputs named like a mask; booleans
+random. Symbolic dims take the sizes given, else `batch` for the first dim and `dim` for the others (one size per dim_param name).
 `accuracy_report` runs both models on the CPU and compares every output: max-abs-diff and cosine
 similarity (computed in float64). The load log and `gebackend analyze --precision` print its `format_text()`.
 """

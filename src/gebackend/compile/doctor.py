@@ -108,7 +108,8 @@ class DoctorReport:
         listed = [g for g in self.foldable if not (brief and g.folded)]
         removed = "" if not brief or not self.foldable else (
             ", all folded into the static graph" if not listed else f", {len(listed)} of them left unfolded:")
-        lines.append(f"foldable constant subgraphs: {len(self.foldable)} ({count} node{'' if count == 1 else 's'}){removed}")
+        nodes = f"{count} node{'' if count == 1 else 's'}"
+        lines.append(f"foldable constant subgraphs: {len(self.foldable)} ({nodes}){removed}")
         for group in listed[:_TEXT_MAX_GROUPS]:
             kept = "" if group.folded else " [not folded" + (
                 f": larger than {self.size_limit} bytes]" if self.size_limit is not None else "]")

@@ -17,9 +17,10 @@ read, not subgraphs.
 A length is bounded the same way: a text model numbers its positions with `Range(0, n)`, `n` the length of an
 input (`Gather(Shape(input_ids), 1)`), and gathers those numbers from its position table, so an input longer than
 that table has rows fails inside the engine ("indices element out of data bounds"), after the request was taken as
-valid. `length_limits` finds that pattern (the `Range` from 0 in steps of 1, through the ops above and `Expand`)
-and says, per input, which axis may be at most how long; the request check refuses longer ones (400), and a shape
-bucket longer than the table is a config error at load.
+valid. `length_limits` finds that pattern (the `Range` from 0 in steps of 1, or a stored numbering cut to the
+length with `Slice` as Hugging Face's BERT exports it, through the ops above and `Expand`) and says, per input,
+which axis may be at most how long; the request check refuses longer ones (400), and a shape bucket longer than the
+table is a config error at load.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ def load_report(parsed: ParsedOptions, model_config: Mapping[str, Any], instance
     """(is_warning, line) pairs, in the order they should be logged."""
     options = parsed.options
     lines: list[tuple[bool, str]] = []
-    if model_config.get("backend") == "onnxruntime":  # Triton's own name for it, or what platform onnxruntime_onnx maps to
+    if model_config.get("backend") == "onnxruntime":  # as the config says, or as Triton maps platform onnxruntime_onnx
         lines.append((False, "config.pbtxt names Triton's onnxruntime backend, which this server does not have: "
                              "served by ge, the config as it is (its keys as that backend reads them: docs/configs.md)"))
     if parsed.unknown:

@@ -38,7 +38,7 @@ class RequestValidator:
     def __init__(self, spec: ModelSpec):
         self.spec = spec
         self._verdicts: dict[tuple, str | None] = {}  # signature -> None (valid) or the error message
-        self._bounded = [(t.name, t.bound) for t in spec.inputs if t.bound is not None]  # checked on every request  # checked on every request
+        self._bounded = [(t.name, t.bound) for t in spec.inputs if t.bound is not None]  # checked on every request
 
     def check(self, inputs: Mapping[str, np.ndarray]) -> None:
         """Raise `InvalidRequest` unless `inputs` can run on the model."""

@@ -1,9 +1,8 @@
 """Lays out the backends directory tritonserver loads: Triton's Python backend plus our backends.
 
 Our backends are `ge` / `npu_ge` (ONNX models; also under Triton's `onnxruntime`, see PEER_NAMES) and the CN_CLIP
-preprocessing backends
-`cnclip_image_preprocess` / `cnclip_text_preprocess` (gebackend.preprocess), each a folder holding its adapter
-as `model.py`, so a model repository names them in `backend:` and never carries a model.py of its own.
+preprocessing backends `cnclip_image_preprocess` / `cnclip_text_preprocess` (gebackend.preprocess), each a folder
+holding its adapter as `model.py`, so a model repository names them in `backend:` and never carries a model.py of its own.
 
 Facts this layout is built on (tritonserver 2.51 from nvidia-pytriton 0.7.0):
 - `libtriton_python.so` must be a real file inside the backends directory: a symlink is refused

@@ -8,8 +8,8 @@ backend stub process, so it is passed in rather than imported; everything else h
 
 from __future__ import annotations
 
-import os
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -149,8 +149,8 @@ class ServedModel:
 
 
 def _stub_model_path() -> str | None:
-    """The stub's first argument, `<model>/<version>/model.py` (Triton's Python backend starts every stub so; the
-    embedded interpreter's `sys.argv` does not carry it); None where it cannot be read."""
+    """The stub's first argument, `<model>/<version>/model.py` (Triton's Python backend starts every stub so), read
+    from /proc rather than from the embedded interpreter's `sys.argv`; None where it cannot be read."""
     try:
         with open("/proc/self/cmdline", "rb") as cmdline:
             args = cmdline.read().split(b"\0")
