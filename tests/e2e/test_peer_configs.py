@@ -212,7 +212,9 @@ def peers(tmp_path_factory):
     for version, (width, op) in VERSIONS.items():
         (repo / "versions" / version).mkdir()
         onnx.save(elementwise(width, op), str(repo / "versions" / version / "model.onnx"))
-    server = start_server(repo, root / "serve.log")
+    # Triton's global default-max-batch-size, as a peer user passes it: ge's default too
+    add_model(repo, "default_batch", 'backend: "onnxruntime"\n' + ONE_CPU, build_add_mul())
+    server = start_server(repo, root / "serve.log", ["--backend-config", "default-max-batch-size=2"])
     yield server, repo, dumps
     assert server.stop() == 0
 
@@ -231,7 +233,7 @@ def load_line(out: str, model: str) -> str:
 def test_the_good_models_serve_and_the_broken_ones_are_named(peers):
     server, repo, _ = peers
     out = server.output()
-    assert "gebackend: 14 of 16 models ready" in out, out[-5000:]
+    assert "gebackend: 15 of 17 models ready" in out, out[-5000:]
     config = repo / "badcfg" / "config.pbtxt"
     # Triton itself only logs "failed to read text proto"; the CLI names the model, the file, line and column.
     assert re.search(rf"gebackend: model 'badcfg' failed to load: cannot parse {re.escape(str(config))}:4:17: "
@@ -455,6 +457,18 @@ def test_the_onnxruntime_backends_configs_are_served_unchanged(peers, model):
                      r"have: served by ge", out), out[-3000:]
     loaded = set(re.findall(rf"model '{model}' instance '(\S+)' loaded", out))
     assert len(loaded) == (2 if model == "ort_by_backend" else 1), loaded
+
+
+def test_tritons_global_default_max_batch_size_is_ours_too(peers):
+    """`--backend-config default-max-batch-size=2` (Triton's global key, which the onnxruntime backend reads): a model
+    that batches but sets no max_batch_size gets 2, as on the peer (ge's own default is 8)."""
+    server, _, _ = peers
+    client = httpclient.InferenceServerClient(server.http_url)
+    assert client.get_model_config("default_batch")["max_batch_size"] == 2
+    feeds = add_mul_feeds(2, seed=9)
+    np.testing.assert_allclose(infer(server, "http", "default_batch", feeds).as_numpy("sum"), feeds["x"] + feeds["y"])
+    with pytest.raises(Exception, match="batch-size must be <= 2"):
+        infer(server, "http", "default_batch", add_mul_feeds(3))
 
 
 def test_a_config_broken_before_sighup_is_reported_with_its_line(peers):

@@ -251,12 +251,19 @@ def test_parse_backend_config_args_splits_ours_from_others():
         "static_model": "1",
         "graph_optimization_level": "basic",
         "url": "a=b",
+        "default_max_batch_size": "4",  # Triton's global key: every backend's default, so ours too
     }
     assert others == [
         "python,shm-default-byte-size=1048576",
         "onnxruntime,enable-global-threadpool=1",
-        "default-max-batch-size=4",
+        "default-max-batch-size=4",  # and still tritonserver's
     ]
+
+
+@pytest.mark.parametrize("order", [1, -1])
+def test_our_own_default_max_batch_size_wins_over_tritons_global_one(order):
+    args = ["default-max-batch-size=4", "ge,default_max_batch_size=16"][::order]
+    assert parse_backend_config_args(args)[0] == {"default_max_batch_size": "16"}
 
 
 def test_parse_backend_config_args_later_wins_and_empty_value_allowed():

@@ -347,12 +347,19 @@ def _config_sections(model_name: str, model_config: Mapping[str, Any], values: d
 def parse_backend_config_args(args: list[str], backend_names: tuple[str, ...] = ("ge", "npu_ge")) -> tuple[dict[str, str], list[str]]:
     """Split `--backend-config NAME,KEY=VALUE` arguments into ours and Triton's own.
 
-    Returns (our options, the arguments meant for other backends, passed to tritonserver unchanged).
+    Returns (our options, the arguments meant for other backends, passed to tritonserver unchanged). Triton's global
+    `default-max-batch-size=N` (no backend named: every backend's default, the onnxruntime backend's included) is
+    also ours, as `default_max_batch_size`, unless a `ge,default_max_batch_size=` says otherwise.
     """
     ours: dict[str, str] = {}
     others: list[str] = []
     for arg in args:
         name, sep, rest = arg.partition(",")
+        key, eq, value = arg.partition("=")
+        if not sep and eq and key.strip() == "default-max-batch-size":
+            ours.setdefault("default_max_batch_size", value.strip())
+            others.append(arg)
+            continue
         if sep and name in backend_names:
             key, eq, value = rest.partition("=")
             key = key.strip()
