@@ -235,7 +235,14 @@ def test_references_are_your_config_and_the_peer_where_found(tmp_path):
     ort_model = tuned_model.TunedModel.load(tmp_path / "addmul")
     (on_ge,) = tuner.references(ort_model, None, 2)  # no onnxruntime backend here: your config, on ge
     (tmp_path / "b.pbtxt").write_text(on_ge.config_text)
-    assert load_model_config(tmp_path / "b.pbtxt")["backend"] == "ge"
+    measured = load_model_config(tmp_path / "b.pbtxt")
+    assert measured["backend"] == "ge"  # with the 2 CPU instances Triton gives the onnxruntime backend's models
+    assert [(g.get("kind"), g.get("count")) for g in measured["instance_group"]] == [("KIND_CPU", 2)]
+    (tmp_path / "addmul" / "config.pbtxt").write_text(
+        'platform: "onnxruntime_onnx"\nmax_batch_size: 8\ninstance_group [ { count: 3 }, { kind: KIND_CPU } ]\n')
+    (on_ge,) = tuner.references(tuned_model.TunedModel.load(tmp_path / "addmul"), None, 2)
+    (tmp_path / "c.pbtxt").write_text(on_ge.config_text)
+    assert [g.get("count") for g in load_model_config(tmp_path / "c.pbtxt")["instance_group"]] == [3, 2]
     assert tuner.references(ort_model, found, 2)[0].config_text == ort_config  # on the peer itself
 
 

@@ -161,15 +161,25 @@ def sent_dims(model: TunedModel, input_data: Path | None) -> str:
 def references(model: TunedModel, peer_found, cores: int) -> list[space.Candidate]:
     base = space.baseline(model, cores)
     if model.backend not in GE_BACKENDS and peer_found is None:
-        # a config for Triton's onnxruntime backend, and no such backend here: measure it on ge as it is
+        # a config for Triton's onnxruntime backend, and no such backend here: measure it on ge as `gebackend serve`
+        # serves it unchanged, with the CPU instances Triton gives that backend's models where the config names none
+        from gebackend.config.instance_groups import default_instance_count
+        from gebackend.server.layout import backend_of
         from gebackend.tune.config_writer import _message
         from google.protobuf import text_format
 
         message = _message(model)
+        count = default_instance_count(backend_of({"backend": message.backend, "platform": message.platform}))
         message.backend = "ge"
         message.ClearField("platform")
-        base = replace(base, config_text="# your config, backend changed to ge (no onnxruntime backend here)\n"
-                       + text_format.MessageToString(message))
+        if not message.instance_group:
+            message.instance_group.add()
+        for group in message.instance_group:
+            if group.count < 1 and group.kind in (group.KIND_AUTO, group.KIND_CPU):
+                group.kind, group.count = group.KIND_CPU, count
+        base = replace(base, config_text="# your config as gebackend serve serves it unchanged: on ge (no onnxruntime "
+                       f"backend here), {count} instance(s) per CPU group where it names no count, as Triton gives "
+                       "that backend\n" + text_format.MessageToString(message))
     refs = [base]
     if peer_found is not None:
         refs.append(space.peer(model, cores))
