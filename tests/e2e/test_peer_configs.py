@@ -214,7 +214,8 @@ def peers(tmp_path_factory):
         onnx.save(elementwise(width, op), str(repo / "versions" / version / "model.onnx"))
     # Triton's global default-max-batch-size, as a peer user passes it: ge's default too
     add_model(repo, "default_batch", 'backend: "onnxruntime"\n' + ONE_CPU, build_add_mul())
-    server = start_server(repo, root / "serve.log", ["--backend-config", "default-max-batch-size=2"])
+    server = start_server(repo, root / "serve.log", ["--backend-config", "default-max-batch-size=2",
+                                                     "--backend-config", "onnxruntime,enable-global-threadpool=1"])
     yield server, repo, dumps
     assert server.stop() == 0
 
@@ -455,6 +456,8 @@ def test_the_onnxruntime_backends_configs_are_served_unchanged(peers, model):
     out = server.output()
     assert re.search(rf"model '{model}': config.pbtxt names Triton's onnxruntime backend, which this server does not "
                      r"have: served by ge", out), out[-3000:]
+    assert ("gebackend: --backend-config onnxruntime,enable-global-threadpool=1: for Triton's onnxruntime backend, "
+            "whose models ge serves here: not read") in out  # a peer user's command line, said what it does here
     loaded = set(re.findall(rf"model '{model}' instance '(\S+)' loaded", out))
     assert len(loaded) == (2 if model == "ort_by_backend" else 1), loaded
 

@@ -297,3 +297,12 @@ def test_markdown_and_plots_show_the_peer(tmp_path):
     assert "| ge_dynamic | 1 | 150.0 | 1.00 | 1.00 | 2.00 | 0.00 | 0.00 | 0.50x |" in text
     paths = report.plot(summary, tmp_path)
     assert sorted(p.name for p in paths) == ["latency_m.png", "throughput_m.png"]
+
+
+def test_the_onnxruntime_backends_own_command_line_keys_are_named_as_not_read(tmp_path):
+    args = ["onnxruntime,enable-global-threadpool=1", "python,shm-default-byte-size=1048576", "default-max-batch-size=4"]
+    note = layout.peer_config_note(args, {})
+    assert note.startswith("--backend-config onnxruntime,enable-global-threadpool=1: for Triton's onnxruntime backend")
+    assert "not read" in note and "ge,KEY=VALUE" in note and "python," not in note
+    assert layout.peer_config_note(args, {"onnxruntime": tmp_path}) is None  # the real backend reads them
+    assert layout.peer_config_note(args[1:], {}) is None

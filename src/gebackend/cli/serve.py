@@ -17,6 +17,7 @@ from gebackend.errors import GeBackendError
 from gebackend.server.container import preflight
 from gebackend.server.log_format import LOG_FORMATS, apply_log_format, log_format_default
 from gebackend.server.launcher import ServerSettings, Shutdown, TritonServer
+from gebackend.server.layout import extra_backends_from_env, peer_config_note
 from gebackend.server.repository_client import failure_reason, flag_values, format_model_table
 from gebackend.server.response_cache import cache_note
 from gebackend.server.supervisor import SignalFlag, Supervisor
@@ -81,9 +82,10 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
                      lambda line: print(f"gebackend: cannot serve {settings.model_repository}: {line}", file=sys.stderr),
                      say_ok=_say, shm=not args.no_shm_check):
         return 1
-    note = cache_note(settings.model_repository, extra)  # response_cache asked for, no cache given
-    if note:
-        _say(note)
+    for note in (cache_note(settings.model_repository, extra),  # response_cache asked for, no cache given
+                 peer_config_note(others, extra_backends_from_env())):  # the onnxruntime backend's own keys
+        if note:
+            _say(note)
     stop, reload = SignalFlag(), SignalFlag()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())

@@ -92,6 +92,17 @@ def adapters(extra_backends: Mapping[str, Path]) -> dict[str, Path]:
     return {**ADAPTERS, **{name: ADAPTER for name in PEER_NAMES if name not in extra_backends}}
 
 
+def peer_config_note(backend_configs: list[str], extra_backends: Mapping[str, Path]) -> str | None:
+    """What to say of `--backend-config onnxruntime,KEY=VALUE` arguments (a peer user's command line) when that name
+    is ours (`adapters`): tritonserver gets them, and nothing reads them."""
+    meant = [arg for arg in backend_configs if arg.partition(",")[0] in PEER_NAMES and arg.partition(",")[0] not in
+             extra_backends]
+    if not meant:
+        return None
+    return (f"--backend-config {' '.join(meant)}: for Triton's onnxruntime backend, whose models ge serves here: not "
+            f"read; ge's options are --backend-config ge,KEY=VALUE (docs/configs.md)")
+
+
 def lay_out_backends(triton: TritonDistribution, target: Path, extra_backends: Mapping[str, Path] | None = None) -> Path:
     """Create `<target>/backends` and return it; `extra_backends` (default: `$GE_EXTRA_BACKENDS`) are copied in."""
     backends = target / "backends"
