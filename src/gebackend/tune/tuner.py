@@ -167,16 +167,17 @@ def references(model: TunedModel, peer_found, cores: int) -> list[space.Candidat
         from gebackend.server.layout import backend_of
         from gebackend.tune.config_writer import _message
         from google.protobuf import text_format
+        from tritonclient.grpc.model_config_pb2 import ModelInstanceGroup
 
         message = _message(model)
         count = default_instance_count(backend_of({"backend": message.backend, "platform": message.platform}))
         message.backend = "ge"
         message.ClearField("platform")
-        if not message.instance_group:
-            message.instance_group.add()
+        if not message.instance_group:  # tune measures on the CPU: Triton's one group is a CPU group there
+            message.instance_group.add(kind=ModelInstanceGroup.KIND_CPU)
         for group in message.instance_group:
-            if group.count < 1 and group.kind in (group.KIND_AUTO, group.KIND_CPU):
-                group.kind, group.count = group.KIND_CPU, count
+            if group.count < 1 and group.kind == ModelInstanceGroup.KIND_CPU:  # KIND_AUTO: by the machine, as it is
+                group.count = count
         base = replace(base, config_text="# your config as gebackend serve serves it unchanged: on ge (no onnxruntime "
                        f"backend here), {count} instance(s) per CPU group where it names no count, as Triton gives "
                        "that backend\n" + text_format.MessageToString(message))
