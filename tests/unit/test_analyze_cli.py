@@ -108,3 +108,23 @@ def test_the_doctor_names_initializers_listed_as_graph_inputs(tmp_path, capsys):
 def test_the_doctor_says_nothing_of_defaults_where_there_are_none(mod_path, capsys):
     assert main(["analyze", str(mod_path)]) == 0
     assert "also graph inputs" not in capsys.readouterr().out
+
+
+def test_the_report_names_the_request_limits_the_models_tables_set(tmp_path, capsys):
+    """The token ids' range and the longest input, as the request check enforces them (config/index_bounds.py)."""
+    path = tmp_path / "bert.onnx"
+    onnx.save(build_bert(), path)
+    assert main(["analyze", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert ("request limits (checked on every request): input_ids values in [-1000, 999] (the 1000 rows of "
+            "'embeddings.word' that Gather 'embeddings.tokens' reads), dim 1 at most 128") in out
+    assert main(["analyze", str(path), "--json"]) == 0
+    assert list(json.loads(capsys.readouterr().out)["request_limits"]) == ["input_ids"]
+
+
+def test_a_model_without_such_tables_says_none_were_found(mod_path, capsys):
+    from gebackend.compile.doctor import analyze
+
+    assert main(["analyze", str(mod_path)]) == 0
+    assert "request limits: none found (no input indexes a table stored in the model)" in capsys.readouterr().out
+    assert "request limits" not in analyze(build_mod_constant()).format_text(brief=True)  # the load log: only found ones

@@ -70,6 +70,8 @@ class DoctorReport:
     notes: list[str] = field(default_factory=list)
     # graph outputs whose shape is known only at run time -> why; a static engine allocates them on every run
     runtime_outputs: dict[str, str] = field(default_factory=dict)
+    # per input, what its values and lengths may be, where tables stored in the model bound them (the request check's)
+    request_limits: dict[str, str] = field(default_factory=dict)
 
     @property
     def is_static(self) -> bool:
@@ -91,6 +93,11 @@ class DoctorReport:
             lines.append("shapes: " + ", ".join(f"{k}=[{', '.join(map(str, v))}]" for k, v in self.shapes.items()))
         else:
             lines.append("shapes: none given (inputs keep the model's dims)")
+        if self.request_limits:
+            lines.append("request limits (checked on every request): " + "; ".join(
+                f"{name} {what}" for name, what in self.request_limits.items()))
+        elif not brief:
+            lines.append("request limits: none found (no input indexes a table stored in the model)")
         if self.unresolved_inputs:
             lines.append("unresolved inputs: " + ", ".join(
                 f"{u['input']} dim {u['dim']}" + (f" ({u['dim_param']!r})" if u.get("dim_param") else "")
@@ -245,6 +252,19 @@ def _default_notes(model: onnx.ModelProto) -> list[str]:
             f"config.pbtxt does not list (with `optional: true`) as constants"]
 
 
+def request_limits(model: onnx.ModelProto) -> dict[str, str]:
+    """Per input, the values and lengths the model's stored tables allow (config/index_bounds.py), in words."""
+    from gebackend.config.index_bounds import index_bounds, length_limits
+
+    bounds, lengths = index_bounds(model), length_limits(model)
+    out = {}
+    for name in [v.name for v in model.graph.input if v.name in bounds or v.name in lengths]:
+        parts = [f"values in {bounds[name].describe()}"] if name in bounds else []
+        parts += [f"dim {limit.axis} at most {limit.describe()}" for limit in lengths.get(name, ())]
+        out[name] = ", ".join(parts)
+    return out
+
+
 def analyze(
     model: onnx.ModelProto,
     shapes: Mapping[str, Sequence[int]] | None = None,
@@ -277,6 +297,7 @@ def analyze(
         group.folded = group.output not in produced
     static, first = _walk(analysed)
     hosts, host_note = host_ops(analysed, providers)
+    limits = request_limits(model)
     return DoctorReport(
         node_count=len(analysed.graph.node),
         static_node_count=static,
@@ -290,6 +311,7 @@ def analyze(
         original_node_count=len(model.graph.node),
         size_limit=size_limit,
         notes=notes,
+        request_limits=limits,
         runtime_outputs=runtime_shaped_outputs(analysed) if shapes is not None else {},
     )
 
