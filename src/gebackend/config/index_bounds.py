@@ -158,11 +158,7 @@ def _stored_tables(model: onnx.ModelProto) -> dict[str, tuple[int, ...]]:
     graph = model.graph
     replaceable = {v.name for v in graph.input} if model.ir_version >= 4 else set()  # IR < 4: no replacing
     stored = {init.name: tuple(init.dims) for init in graph.initializer if init.name not in replaceable}
-    for node in graph.node:
-        if node.op_type == "Constant" and node.output:
-            dims = _constant_dims(node)
-            if dims is not None:
-                stored[node.output[0]] = dims
+    stored.update((name, tuple(tensor.dims)) for name, tensor in _constant_node_tensors(graph).items())
     for node in graph.node:
         if node.op_type == "DequantizeLinear" and node.input and node.input[0] in stored and node.output:
             stored[node.output[0]] = stored[node.input[0]]
@@ -182,10 +178,7 @@ def _scalar_constants(model: onnx.ModelProto) -> dict[str, int]:
     `Gather` picks from a shape)."""
     from onnx import numpy_helper
 
-    named = [(t.name, t) for t in model.graph.initializer]
-    for node in model.graph.node:
-        if node.op_type == "Constant" and node.output:
-            named += [(node.output[0], a.t) for a in node.attribute if a.name == "value" and a.HasField("t")]
+    named = [(t.name, t) for t in model.graph.initializer] + list(_constant_node_tensors(model.graph).items())
     values = {}
     for name, tensor in named:
         if math.prod(tensor.dims) != 1 or tensor.data_location == onnx.TensorProto.EXTERNAL:
@@ -246,11 +239,10 @@ def _holds(to: int, source: int) -> bool:
     return to_signed and to_bits > src_bits  # unsigned into a wider signed type
 
 
-def _constant_dims(node: onnx.NodeProto) -> tuple[int, ...] | None:
-    for attribute in node.attribute:
-        if attribute.name == "value" and attribute.HasField("t"):
-            return tuple(attribute.t.dims)
-    return None
+def _constant_node_tensors(graph: onnx.GraphProto) -> dict[str, onnx.TensorProto]:
+    """The tensor each `Constant` node holds as its `value`, by the node's output."""
+    return {node.output[0]: attribute.t for node in graph.node if node.op_type == "Constant" and node.output
+            for attribute in node.attribute if attribute.name == "value" and attribute.HasField("t")}
 
 
 def _follow(start: str, elem: int, consumers: dict[str, list[onnx.NodeProto]],
