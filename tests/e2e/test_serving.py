@@ -235,6 +235,21 @@ def test_inputs_and_outputs_in_client_shared_memory(server, repository, protocol
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
     finally:
         for name in (f"{tag}_in", f"{tag}_out"):
-            client.unregister_system_shared_memory(name)
+            _unregister(client, name)
         shm.destroy_shared_memory_region(region_in)
         shm.destroy_shared_memory_region(region_out)
+
+
+def _unregister(client, name: str, attempts: int = 200) -> None:
+    """Unregister a shared-memory region; over gRPC Triton may still hold it for a moment after the response has
+    come ("currently in use"), so that answer is asked again until the region is let go."""
+    import time
+
+    for attempt in range(attempts):
+        try:
+            client.unregister_system_shared_memory(name)
+            return
+        except InferenceServerException as exc:
+            if "currently in use" not in str(exc) or attempt == attempts - 1:
+                raise
+            time.sleep(0.05)
