@@ -15,8 +15,10 @@ which builds the same models and reference data in memory. Each case runs
 
 Outputs are compared as onnx's own backend test runner does (`assert_similar_outputs`): same count, shapes
 and dtypes, strings equal, numbers within the case's rtol/atol. A case gebackend cannot serve at all (a
-sequence, optional or map input or output; an element type Triton has none for; an empty input tensor,
-which the request validation answers with 400) is skipped with that reason. Both engines use one thread
+sequence, optional or map input or output; an element type Triton has none for) is skipped with that reason.
+Cases with an empty input tensor run like the others; in static mode their graph is compiled for a length of 1 where
+the request has 0 (Triton's dims are >= 1 or -1) and the request runs on the dynamic fallback (`_empty_buckets`).
+Both engines use one thread
 (plain and ours alike): the outputs do not depend on it and it keeps session creation cheap.
 """
 
@@ -180,7 +182,7 @@ def feeds(case: Case) -> dict[str, Any]:
 
 
 def not_servable(case: Case, path: Path) -> str | None:
-    """Why gebackend cannot serve this case at all (only tensors, with a Triton type, non-empty), or None."""
+    """Why gebackend cannot serve this case at all (only tensors, with a Triton type), or None."""
     from gebackend.config.onnx_signature import read_signature
     from gebackend.errors import ConfigError
 
@@ -191,10 +193,6 @@ def not_servable(case: Case, path: Path) -> str | None:
         read_signature(path)
     except ConfigError as exc:
         return f"not servable: {exc}"
-    for name, value in feeds(case).items():
-        if 0 in np.shape(value):
-            return (f"input '{name}' is an empty tensor {list(np.shape(value))}: requests with an empty tensor are "
-                    f"answered with 400 by the request validation")
     return None
 
 
@@ -241,8 +239,22 @@ def _config(case: Case, path: Path, static: bool) -> dict[str, Any]:
         shape = list(np.shape(value))
         if not static and len(tensor.shape) == len(shape):
             shape = [d if isinstance(d, int) else -1 for d in tensor.shape]
+        shape = [-1 if d == 0 else d for d in shape]  # Triton's dims are >= 1 or -1
         entries.append({"name": name, "data_type": tensor.dtype.triton, "dims": shape})
     return {"name": case.name, "max_batch_size": 0, "input": entries}
+
+
+def _empty_buckets(case: Case) -> dict[str, str]:
+    """Static mode, a case with an empty input: Triton's config cannot fix a dim to 0, so its static graph is
+    compiled for 1 there (a shape bucket) and the request, which fits no bucket, runs on the dynamic fallback
+    (`bucket_fallback=dynamic`), as a server serves it. No options for other cases."""
+    shapes = {name: list(np.shape(value)) for name, value in feeds(case).items()}
+    if not any(0 in shape for shape in shapes.values()):
+        return {}
+    return {"input_shape": ";".join(f"{name}:{','.join('-1' if d == 0 else str(d) for d in shape)}"
+                                    for name, shape in shapes.items()),
+            "dynamic_dims": ",".join("1" for shape in shapes.values() for d in shape if d == 0),
+            "bucket_fallback": "dynamic"}
 
 
 def run_ours(engine: str, mode: str, case: Case, path: Path, log=None) -> str | None:
@@ -254,7 +266,8 @@ def run_ours(engine: str, mode: str, case: Case, path: Path, log=None) -> str | 
     from gebackend.runtime.loader import load_executor
 
     lines: list[str] = [] if log is None else log
-    options = BackendOptions.make(engine=engine, static_model=mode == "static", intra_op_thread_count=1)
+    options = BackendOptions.make(engine=engine, static_model=mode == "static", intra_op_thread_count=1,
+                                  **(_empty_buckets(case) if mode == "static" else {}))
     try:
         spec = build_model_spec(_config(case, path, mode == "static"), read_signature(path), path, options)
         executor, _ = load_executor(spec, log=lines.append)

@@ -46,5 +46,4 @@ def test_only_unservable_cases_are_skipped(results):
     assert kinds <= {
         "sequence/optional/map input or output (only tensors can be served)",
         "element type with no Triton equivalent (float8, float4, int4/uint4, int2/uint2)",
-        "empty input tensor (the request validation answers 400)",
     }, kinds

@@ -95,6 +95,13 @@ def test_paddable_named_dim_goes_to_the_tightest_bucket():
     assert router.plan({"ids": (1, 17), "mask": (1, 17)}) is None
 
 
+def test_an_empty_paddable_axis_is_not_padded_up_to_a_bucket():
+    router = text_router()
+    assert router.plan({"ids": (2, 0), "mask": (2, 0)}) is None  # a run of padding alone answers nothing sent
+    zero = BucketRouter([{"ids": (2, 0)}], True, {"ids": ["sequence"]}, {"pooled": [None]}, paddable=["sequence"])
+    assert [zero.buckets[c.bucket]["ids"] for c in zero.plan({"ids": (1, 0)})] == [(2, 0)]  # a bucket of 0 takes it
+
+
 def test_pad_and_unpad_round_trip():
     router = text_router()
     ids = np.arange(15, dtype=np.int64).reshape(3, 5) + 1

@@ -265,3 +265,43 @@ def test_non_batching_model_runs_each_request(tmp_path):
         assert list(result) == ["y"]
         np.testing.assert_array_equal(result["y"], x)
     executor.close()
+
+
+# ---------------------------------------------------------------- empty tensors
+
+
+def _boxes_model(op: str) -> onnx.ModelProto:
+    """boxes [n, k, 4] -> per box: the sum of its k corners (ReduceSum), or its first corner (Gather index 0)."""
+    from onnx import TensorProto, helper
+
+    if op == "sum":
+        node = helper.make_node("ReduceSum", ["boxes", "axis"], ["out"], keepdims=0)
+        init = [helper.make_tensor("axis", TensorProto.INT64, [1], [1])]
+    else:
+        node = helper.make_node("Gather", ["boxes", "first"], ["out"], axis=1)
+        init = [helper.make_tensor("first", TensorProto.INT64, [], [0])]
+    graph = helper.make_graph([node], "boxes", [helper.make_tensor_value_info("boxes", TensorProto.FLOAT, ["n", "k", 4])],
+                              [helper.make_tensor_value_info("out", TensorProto.FLOAT, ["n", 4])], init)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def test_an_empty_tensor_runs_when_the_model_computes_on_it(tmp_path):
+    served = _Served(tmp_path, "boxes_sum", _boxes_model("sum"), {"max_batch_size": 8})
+    requests = [{"boxes": np.zeros((2, 0, 4), np.float32)}, {"boxes": np.zeros((1, 0, 4), np.float32)}]
+    results = served.executor.execute(requests)
+    for inputs, result in zip(requests, results):
+        assert isinstance(result, dict), result
+        assert result["out"].shape == (inputs["boxes"].shape[0], 4)
+        served.assert_matches_alone(inputs, result)  # zeros: the sum of no corners
+
+
+def test_an_empty_tensor_the_model_cannot_run_on_is_the_requests_fault_and_named(tmp_path):
+    served = _Served(tmp_path, "boxes_first", _boxes_model("first"), {"max_batch_size": 8})
+    good = {"boxes": np.arange(24, dtype=np.float32).reshape(2, 3, 4)}
+    results = served.executor.execute([{"boxes": np.zeros((1, 0, 4), np.float32)}, good])
+    assert isinstance(results[0], InvalidRequest) and not isinstance(results[0], InternalError)
+    message = str(results[0])
+    assert "'boxes_first'" in message and "'boxes'" in message and "empty tensor" in message and "[1, 0, 4]" in message
+    served.assert_matches_alone(good, results[1])

@@ -159,20 +159,27 @@ def test_mismatched_sequence_dim(bert_spec):
     assert "[2, 9]" in message
 
 
-@pytest.mark.parametrize("shape", [(0, 7), (2, 0)])
-def test_empty_tensor(bert_spec, shape):
-    inputs = {"input_ids": np.ones(shape, np.int64), "attention_mask": np.ones(shape, np.int64)}
-    message = _refused(bert_spec, inputs)
-    assert "'bert_ge'" in message
-    assert "'input_ids'" in message
-    assert "empty" in message
-    assert f"[{shape[0]}, {shape[1]}]" in message
+def test_a_batch_of_no_rows_is_refused(bert_spec):
+    message = _refused(bert_spec, _bert(rows=0))
+    assert "'bert_ge'" in message and "'input_ids'" in message
+    assert "batch size 0" in message and "[0, 7]" in message
 
 
-def test_empty_image(resnet_spec):
+def test_an_empty_image_batch_is_refused(resnet_spec):
     message = _refused(resnet_spec, _image(rows=0))
     assert "'resnet_ge'" in message and "'image'" in message
     assert "[0, 3, 64, 64]" in message
+
+
+def test_an_empty_axis_the_model_leaves_free_is_a_request_like_any_other(bert_spec):
+    validate_request(bert_spec, _bert(rows=2, seq=0))  # the engine decides (runtime/runners.py), as on the peer
+
+
+def test_an_empty_axis_the_model_fixes_is_refused_as_any_other_wrong_dim(resnet_spec, fixed_spec):
+    message = _refused(resnet_spec, _image(rows=1, shape=(3, 0, 64)))
+    assert "'image'" in message and "dim 2 must be 64" in message
+    message = _refused(fixed_spec, {"x": np.zeros((2, 0), np.float32)})
+    assert "'x'" in message and "dim 1 must be 3" in message
 
 
 def test_the_validator_remembers_each_signature_and_says_the_same(bert_spec, monkeypatch):

@@ -2,8 +2,9 @@
 
 Pure logic on shapes and numpy arrays. A batch goes to the smallest bucket that holds it: the batch
 axis is zero-padded up to the bucket's batch; other axes must match exactly unless they carry a
-named dim declared paddable (e.g. `sequence`), which is zero-padded too. A batch larger than the
-largest bucket is split into several runs.
+named dim declared paddable (e.g. `sequence`), which is zero-padded too, unless the request's is empty (a
+length of 0 fits only a bucket of 0 there: padded, the run would hold no data of the request). A batch larger than
+the largest bucket is split into several runs.
 
 Where each bucket's cost of one run was measured at load (`costs`, runtime/bucket_costs.py), a batch is
 covered by the cheapest sequence of runs instead (`cheapest_cover`), when that is cheaper than padding by
@@ -159,7 +160,8 @@ class BucketRouter:
             if target is None or len(target) != len(shape):
                 return False
             for axis in range(start, len(shape)):
-                if target[axis] != shape[axis] and not (axis in self._pad_axes.get(name, ()) and target[axis] > shape[axis]):
+                # an empty axis is not padded: the bucket's run would be all padding, nothing of the request's
+                if target[axis] != shape[axis] and not (axis in self._pad_axes.get(name, ()) and target[axis] > shape[axis] > 0):
                     return False
         return True
 

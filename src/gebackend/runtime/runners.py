@@ -26,10 +26,25 @@ def run_engine(model: str, engine: Engine, feeds: Tensors, output_names: Sequenc
     try:
         arrays = engine.run(feeds, output_names) if bucket is None else engine.run_bucket(bucket, feeds, output_names)
     except EngineInputError as exc:
-        raise InvalidRequest(f"model '{model}' cannot run this request: {exc}") from None
+        raise InvalidRequest(f"{_whose(model, feeds)} cannot run this request: {exc}") from None
     except EngineRunError as exc:
+        if _empty_input(feeds) is not None:  # the model does not compute on an empty tensor: the request's to change
+            raise InvalidRequest(f"{_whose(model, feeds)} cannot run this request: {exc}") from None
         raise InternalError(f"model '{model}' failed while running: {exc}") from None
     return dict(zip(output_names, arrays))
+
+
+def _empty_input(feeds: Tensors) -> tuple[str, tuple[int, ...]] | None:
+    """The first input with no elements (a dim of 0), and its shape."""
+    return next(((name, a.shape) for name, a in feeds.items() if getattr(a, "size", 1) == 0), None)
+
+
+def _whose(model: str, feeds: Tensors) -> str:
+    """Who could not run: the model, and the empty input when there is one (the likely cause)."""
+    empty = _empty_input(feeds)
+    if empty is None:
+        return f"model '{model}'"
+    return f"model '{model}' (input '{empty[0]}' is an empty tensor, shape {list(empty[1])})"
 
 
 class DynamicRunner:

@@ -1,7 +1,10 @@
 """Checks one request's inputs against the model spec before any engine sees them.
 
 Every failure is an `InvalidRequest` whose message names the model, the input, what was
-expected and what was sent, so a client can fix its request from the message alone.
+expected and what was sent, so a client can fix its request from the message alone. An empty tensor (a dim of 0
+where the model's dims allow any length: no boxes for a post-processing model) is a request like any other, as on
+Triton's onnxruntime backend: the engine decides whether the model computes on it (runtime/runners.py says which
+input was empty when it does not); only a batch of 0 rows is refused here.
 
 The verdict depends only on the request's input names, data types and shapes, which repeat from request
 to request, so `RequestValidator` keeps it per signature: measured on a 2-input model, checking a request
@@ -107,10 +110,10 @@ def validate_request(spec: ModelSpec, inputs: Mapping[str, np.ndarray]) -> None:
                 f"{where}: expected shape {_expected_shape(spec, tensor)} (rank {len(tensor.dims) + offset}), "
                 f"got {_fmt(array.shape)} (rank {array.ndim})"
             )
-        if 0 in array.shape:
-            raise InvalidRequest(f"{where}: got an empty tensor of shape {_fmt(array.shape)}")
         if spec.batching:
             rows = array.shape[0]
+            if rows == 0:  # (Triton refuses these itself; an in-process caller may not)
+                raise InvalidRequest(f"{where}: batch size 0 (shape {_fmt(array.shape)}); a request needs at least one row")
             if rows > spec.max_batch_size:
                 raise InvalidRequest(f"{where}: batch size {rows} exceeds the model's max_batch_size {spec.max_batch_size}")
             if batch_size is not None and rows != batch_size[0]:
