@@ -129,6 +129,17 @@ def string_identity() -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
+def three_outputs() -> onnx.ModelProto:
+    """sum = a + b, prod = a * b, neg = -a, for a and b [batch, 3]; the outputs in neither name order nor config order."""
+    ins = [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["batch", 3]) for n in ("a", "b")]
+    outs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["batch", 3]) for n in ("sum", "prod", "neg")]
+    nodes = [helper.make_node("Add", ["a", "b"], ["sum"]), helper.make_node("Mul", ["a", "b"], ["prod"]),
+             helper.make_node("Neg", ["a"], ["neg"])]
+    return helper.make_model(helper.make_graph(nodes, "three", ins, outs), opset_imports=[helper.make_opsetid("", 17)])
+
+
+THREE_OUTPUTS = {"three_dynamic": "", "three_static": params(static_model="1"), "three_openvino": params(engine="openvino")}
+
 BROKEN_CONFIG = 'backend: "ge"\nmax_batch_size: 4\ninput [ { name: "x" data_type: TYPE_FP32 dims: [ 4 ] } ]\nmax_batch_size: eight\n'
 
 
@@ -212,6 +223,9 @@ def peers(tmp_path_factory):
     for version, (width, op) in VERSIONS.items():
         (repo / "versions" / version).mkdir()
         onnx.save(elementwise(width, op), str(repo / "versions" / version / "model.onnx"))
+    # outputs come back in one order (the peer's: by name) on every engine and graph mode
+    for name, extra in THREE_OUTPUTS.items():
+        add_model(repo, name, 'backend: "ge"\nmax_batch_size: 4\n' + ONE_CPU + extra, three_outputs())
     # Triton's global default-max-batch-size, as a peer user passes it: ge's default too
     add_model(repo, "default_batch", 'backend: "onnxruntime"\n' + ONE_CPU, build_add_mul())
     server = start_server(repo, root / "serve.log", ["--backend-config", "default-max-batch-size=2",
@@ -234,7 +248,7 @@ def load_line(out: str, model: str) -> str:
 def test_the_good_models_serve_and_the_broken_ones_are_named(peers):
     server, repo, _ = peers
     out = server.output()
-    assert "gebackend: 15 of 17 models ready" in out, out[-5000:]
+    assert "gebackend: 18 of 20 models ready" in out, out[-5000:]
     config = repo / "badcfg" / "config.pbtxt"
     # Triton itself only logs "failed to read text proto"; the CLI names the model, the file, line and column.
     assert re.search(rf"gebackend: model 'badcfg' failed to load: cannot parse {re.escape(str(config))}:4:17: "
@@ -486,3 +500,36 @@ def test_a_config_broken_before_sighup_is_reported_with_its_line(peers):
     assert re.search(pattern, server.output()), server.output()[-3000:]
     feeds = add_mul_feeds(1)
     np.testing.assert_allclose(infer(server, "http", "ort_peer_engine_param", feeds).as_numpy("sum"), feeds["x"] + feeds["y"])
+
+
+def _three_feeds(module):
+    a, b = np.ones((2, 3), np.float32), np.arange(6, dtype=np.float32).reshape(2, 3)
+    inputs = []
+    for name, array in (("b", b), ("a", a)):
+        tensor = module.InferInput(name, [2, 3], "FP32")
+        tensor.set_data_from_numpy(array)
+        inputs.append(tensor)
+    return a, b, inputs
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_outputs_come_back_in_name_order_on_every_engine_and_graph_mode(peers, protocol):
+    import tritonclient.grpc as grpcclient
+
+    server, _, _ = peers
+    module, url = (httpclient, server.http_url) if protocol == "http" else (grpcclient, server.grpc_url)
+    client = module.InferenceServerClient(url)
+    a, b, inputs = _three_feeds(module)
+    for model in THREE_OUTPUTS:
+        for _ in range(3):
+            result = client.infer(model, inputs)
+            response = result.get_response() if protocol == "http" else result.get_response(as_json=True)
+            assert [o["name"] for o in response["outputs"]] == ["neg", "prod", "sum"], model
+            np.testing.assert_array_equal(result.as_numpy("sum"), a + b)
+            np.testing.assert_array_equal(result.as_numpy("prod"), a * b)
+            np.testing.assert_array_equal(result.as_numpy("neg"), -a)
+        asked = [module.InferRequestedOutput(n) for n in ("sum", "neg")]  # asked out of order: still by name
+        response = client.infer(model, inputs, outputs=asked)
+        response = response.get_response() if protocol == "http" else response.get_response(as_json=True)
+        assert [o["name"] for o in response["outputs"]] == ["neg", "sum"], model
+

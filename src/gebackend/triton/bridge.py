@@ -118,7 +118,9 @@ class ServedModel:
                 code = pb.TritonError.INVALID_ARG if isinstance(result, InvalidRequest) else pb.TritonError.INTERNAL
                 responses.append(pb.InferenceResponse(output_tensors=[], error=pb.TritonError(str(result), code)))
                 continue
-            wanted = request.requested_output_names() or list(result)
+            # in name order, as Triton's onnxruntime backend answers (its outputs are a std::map): the same order on
+            # every engine, graph mode and restart (Triton's requested names arrive in no fixed order)
+            wanted = sorted(request.requested_output_names() or result)
             tensors = [self._tensor(name, self._to_wire(name, to_triton(result[name]))) for name in wanted
                        if name in result]
             responses.append(pb.InferenceResponse(output_tensors=tensors))
