@@ -100,7 +100,8 @@ WARMUP = """model_warmup [ {
 } ]
 """
 
-CLASSIFIED_OUTPUT = 'output [ { name: "sum", data_type: TYPE_FP32, dims: [ 4 ], label_filename: "labels.txt" } ]\n'
+CLASSIFIED_OUTPUT = ('output [ { name: "sum", data_type: TYPE_FP32, dims: [ 4 ], label_filename: "labels.txt" },\n'
+                     '         { name: "product", data_type: TYPE_FP32, dims: [ 4 ] } ]\n')
 LABELS = ["猫", "狗", "一只鸟", "bird"]
 
 VERSIONS = {"1": (4, "Add"), "2": (6, "Mul")}  # version -> width of x, y and out; the op
@@ -138,6 +139,8 @@ def three_outputs() -> onnx.ModelProto:
     return helper.make_model(helper.make_graph(nodes, "three", ins, outs), opset_imports=[helper.make_opsetid("", 17)])
 
 
+TWO_OF_THREE = ('output [ { name: "sum", data_type: TYPE_FP32, dims: [ 3 ] },\n'
+                '         { name: "neg", data_type: TYPE_FP32, dims: [ 3 ] } ]\n')
 THREE_OUTPUTS = {"three_dynamic": "", "three_static": params(static_model="1"), "three_openvino": params(engine="openvino")}
 
 BROKEN_CONFIG = 'backend: "ge"\nmax_batch_size: 4\ninput [ { name: "x" data_type: TYPE_FP32 dims: [ 4 ] } ]\nmax_batch_size: eight\n'
@@ -201,7 +204,7 @@ def peers(tmp_path_factory):
     add_model(repo, "badcfg", BROKEN_CONFIG, build_add_mul())
     # an onnxruntime-backend config without instance_group, its backend switched: Triton gives the peer 2 instances
     add_model(repo, "ort_peer_no_group", 'backend: "ge"\nmax_batch_size: 4\n', build_add_mul())
-    # Triton's classification extension: an output with labels, the other output left to auto-complete
+    # Triton's classification extension: an output with labels, the other output as it is
     add_model(repo, "classified", 'backend: "ge"\nmax_batch_size: 4\n' + ONE_CPU + CLASSIFIED_OUTPUT, build_add_mul())
     (repo / "classified" / "labels.txt").write_text("\n".join(LABELS) + "\n", encoding="utf-8")
     # a STRING model; the batcher waits so that requests sent together run together
@@ -223,9 +226,11 @@ def peers(tmp_path_factory):
     for version, (width, op) in VERSIONS.items():
         (repo / "versions" / version).mkdir()
         onnx.save(elementwise(width, op), str(repo / "versions" / version / "model.onnx"))
-    # outputs come back in one order (the peer's: by name) on every engine and graph mode
+    # outputs come back in one order (the peer's: by name) on every engine and graph mode; a config listing some
+    # outputs is served those alone, as the peer's auto-complete leaves such a list as it is
     for name, extra in THREE_OUTPUTS.items():
         add_model(repo, name, 'backend: "ge"\nmax_batch_size: 4\n' + ONE_CPU + extra, three_outputs())
+    add_model(repo, "two_of_three", 'backend: "ge"\nmax_batch_size: 4\n' + ONE_CPU + TWO_OF_THREE, three_outputs())
     # Triton's global default-max-batch-size, as a peer user passes it: ge's default too
     add_model(repo, "default_batch", 'backend: "onnxruntime"\n' + ONE_CPU, build_add_mul())
     server = start_server(repo, root / "serve.log", ["--backend-config", "default-max-batch-size=2",
@@ -248,7 +253,7 @@ def load_line(out: str, model: str) -> str:
 def test_the_good_models_serve_and_the_broken_ones_are_named(peers):
     server, repo, _ = peers
     out = server.output()
-    assert "gebackend: 18 of 20 models ready" in out, out[-5000:]
+    assert "gebackend: 19 of 21 models ready" in out, out[-5000:]
     config = repo / "badcfg" / "config.pbtxt"
     # Triton itself only logs "failed to read text proto"; the CLI names the model, the file, line and column.
     assert re.search(rf"gebackend: model 'badcfg' failed to load: cannot parse {re.escape(str(config))}:4:17: "
@@ -533,3 +538,16 @@ def test_outputs_come_back_in_name_order_on_every_engine_and_graph_mode(peers, p
         response = response.get_response() if protocol == "http" else response.get_response(as_json=True)
         assert [o["name"] for o in response["outputs"]] == ["neg", "sum"], model
 
+
+def test_a_config_that_lists_some_outputs_is_served_those_alone(peers):
+    server, _, _ = peers
+    client = httpclient.InferenceServerClient(server.http_url)
+    assert [o["name"] for o in client.get_model_config("two_of_three")["output"]] == ["sum", "neg"]
+    a, b, inputs = _three_feeds(httpclient)
+    result = client.infer("two_of_three", inputs)
+    assert [o["name"] for o in result.get_response()["outputs"]] == ["neg", "sum"]
+    np.testing.assert_array_equal(result.as_numpy("sum"), a + b)
+    np.testing.assert_array_equal(result.as_numpy("neg"), -a)
+    with pytest.raises(Exception) as info:  # as on the peer: Triton refuses an output the config does not list
+        client.infer("two_of_three", inputs, outputs=[httpclient.InferRequestedOutput("prod")])
+    assert "unexpected inference output 'prod'" in str(info.value)

@@ -223,8 +223,17 @@ def test_config_minus_one_takes_onnx_value_and_fixed_config_value_kept_for_symbo
     }
     r = reconcile("bert", config, bert_sig, default_max_batch_size=8)
     assert r.inputs[0] == TensorSpec("input_ids", INT64, (128,), ("sequence",), **IDS)
-    assert r.outputs[0] == TensorSpec("last_hidden_state", FP32, (128, 64), ("sequence", None))
-    assert r.outputs[1] == TensorSpec("pooler_output", FP32, (64,), (None,))
+    assert r.outputs == (TensorSpec("last_hidden_state", FP32, (128, 64), ("sequence", None)),)  # listed: served alone
+
+
+def test_a_config_that_lists_outputs_is_served_those_alone_as_on_the_peer(bert_sig):
+    config = {"max_batch_size": 8, "output": [{"name": "pooler_output"}]}
+    for fill in (True, False):  # auto-complete adds no other output, and the load serves none
+        r = reconcile("bert", config, bert_sig, default_max_batch_size=8, fill=fill)
+        assert [t.name for t in r.outputs] == ["pooler_output"]
+        assert [t.name for t in r.inputs] == ["input_ids", "attention_mask"]  # inputs are still completed
+    r = reconcile("bert", {"max_batch_size": 8}, bert_sig, default_max_batch_size=8)
+    assert [t.name for t in r.outputs] == ["last_hidden_state", "pooler_output"]  # none listed: every output
 
 
 def test_labels_carry_dim_params(bert_sig):

@@ -196,7 +196,11 @@ def _pair(
     implied: frozenset[str] = frozenset(),
 ) -> list[tuple[Mapping[str, Any] | None, OnnxTensor]]:
     """Each config entry with its ONNX tensor, then the tensors the config omits: all of them with `fill` or when it
-    lists none, else only the `implied` ones (a sequence model's controls and states, which config.pbtxt never lists)."""
+    lists none, else only the `implied` ones (a sequence model's controls and states, which config.pbtxt never lists).
+    Outputs are filled only where the config lists none, as Triton's onnxruntime backend completes them: a config
+    that lists some outputs is served those alone (a client asking another is refused by Triton)."""
+    if kind == "output" and entries:
+        fill = False
     by_name = {t.name: t for t in onnx_tensors}
     pairs = []
     for entry in entries:
