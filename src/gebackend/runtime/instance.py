@@ -19,7 +19,7 @@ import numpy as np
 
 from gebackend.config.io_names import aliased_model
 from gebackend.config.model_file import find_model_file
-from gebackend.config.onnx_signature import read_signature
+from gebackend.config.onnx_signature import Signature, read_signature
 from gebackend.config.optional_inputs import Defaults, served_model
 from gebackend.config.option_groups import BackendOptions
 from gebackend.config.option_report import load_report
@@ -107,7 +107,7 @@ class ModelInstance:
         signature = read_signature(path)
         path, defaults = served_model(config, path, signature, say, server_temp_parent())  # optional inputs: plain ones
         options, ledger, lending = _pin(name, instance, config, parsed.options, log) if pin else (parsed.options, None, None)
-        options = _resolve_auto(options, path, say)
+        options = _resolve_auto(options, path, signature, say)
         spec = build_model_spec(config, signature, path, options, source=in_repository)
         providers = select_providers(spec, instance.kind, instance.device_id, model_path=in_repository,
                                      instance_index=_instance_index(name, instance, config))
@@ -248,17 +248,17 @@ def _sized_to_allowance(name: str, options, log: InstanceLog):
     return options.replace(intra_op_thread_count=allowance.cpus)
 
 
-def _resolve_auto(options: BackendOptions, path: Path, say: Callable[[str], None]) -> BackendOptions:
+def _resolve_auto(options: BackendOptions, path: Path, signature: Signature, say: Callable[[str], None]) -> BackendOptions:
     """`engine=auto` / `precision_mode=auto` made concrete for this model on this CPU (engines/auto_choice.py); a model
-    with custom operator libraries (`model_operations`) runs on ONNX Runtime, the engine they load into."""
-    if options.session.custom_op_libraries:
+    that only ONNX Runtime serves (`_onnxruntime_only`) runs there, and naming another engine for it fails the load."""
+    only = _onnxruntime_only(options, signature)
+    if only is not None:
         if options.engines.engine == "auto":
-            say("engine=auto -> onnxruntime (model_operations' custom operator libraries load into ONNX Runtime only)")
+            say(f"engine=auto -> onnxruntime ({only[0]})")
             options = options.replace(engine="onnxruntime")
         elif options.engines.engine != "onnxruntime":
-            raise ConfigError(f"model_operations' op_library_filename {list(options.session.custom_op_libraries)} "
-                              f"holds ONNX Runtime custom operators, which engine={options.engines.engine} cannot run; "
-                              f"set engine=onnxruntime (or auto)")
+            raise ConfigError(f"{only[1]}, which engine={options.engines.engine} cannot run; set engine=onnxruntime "
+                              f"(or auto)")
     choice = options.engines
     if "auto" not in (choice.engine, choice.precision_mode):
         return options
@@ -282,6 +282,23 @@ def _instance_index(name: str, instance: InstanceInfo, config: Mapping[str, Any]
     from gebackend.runtime.pinning import instance_position
 
     return instance_position(name, instance.name, config.get("instance_group") or [], instance.device_id).index
+
+
+def _onnxruntime_only(options: BackendOptions, signature: Signature) -> tuple[str, str] | None:
+    """Why only ONNX Runtime serves this model (the load log's reason, the refusal's subject), or None: custom operator
+    libraries load into ONNX Runtime only; OpenVINO runs STRING tensors, but OpenVINO 2026.4's string tensors corrupt
+    the process's heap (after one run, freeing the compiled model aborts with `free(): invalid pointer`: an unload or
+    reload kills the instance), so here they run on ONNX Runtime alone."""
+    if options.session.custom_op_libraries:
+        return ("model_operations' custom operator libraries load into ONNX Runtime only",
+                f"model_operations' op_library_filename {list(options.session.custom_op_libraries)} holds ONNX Runtime "
+                f"custom operators")
+    strings = [t.name for t in (*signature.inputs, *signature.outputs) if t.dtype.triton == "TYPE_STRING"]
+    if strings:
+        return (f"STRING tensors {strings}: served on ONNX Runtime only",
+                f"the model's STRING tensors {strings} are served on ONNX Runtime only (OpenVINO's string tensors "
+                f"corrupt the process's memory)")
+    return None
 
 
 def _heartbeat(spec: ModelSpec) -> Heartbeat | None:
