@@ -29,10 +29,23 @@ MODELS = {
         + params(engine="openvino", static_model="1", bucket_paddable_dims="sequence", **BERT_BUCKETS),
         build_bert,
     ),
+    "counter_ov": ('backend: "ge"\nmax_batch_size: 4\ndynamic_batching { max_queue_delay_microseconds: 100000 }\n'
+                   + ONE_INSTANCE + params(engine="openvino"), lambda: counter()),
     "strings_ov": ('backend: "ge"\nmax_batch_size: 4\n' + ONE_INSTANCE + params(engine="openvino"), lambda: strings()),
     "strings_auto": ('backend: "ge"\nmax_batch_size: 4\n' + ONE_INSTANCE + params(engine="auto", precision_mode="auto"),
                      lambda: strings()),
 }
+
+
+def counter() -> onnx.ModelProto:
+    """later [batch, 1] = stamp + 1000, for an INT64 time in milliseconds (past 2**31 since 1970-01-25)."""
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph([helper.make_node("Add", ["stamp", "second"], ["later"])], "counter",
+                              [helper.make_tensor_value_info("stamp", TensorProto.INT64, ["b", 1])],
+                              [helper.make_tensor_value_info("later", TensorProto.INT64, ["b", 1])],
+                              [helper.make_tensor("second", TensorProto.INT64, [], [1000])])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
 def strings() -> onnx.ModelProto:
@@ -180,3 +193,21 @@ def test_a_string_model_is_served_on_onnxruntime_and_refused_on_openvino_by_name
     result = client.infer("strings_auto", [tensor])
     assert result.as_numpy("same").tolist() == text.tolist()
     assert result.as_numpy("is_cat").tolist() == [[True, False], [False, False]]
+
+
+def test_an_int64_openvino_would_cut_to_32_bits_is_a_400_and_its_batch_is_answered(ov_server):
+    """OpenVINO computes INT64 as 32-bit integers: a time in milliseconds came back wrong, silently. Now such a value
+    is refused with a message saying why and which engine computes it; values that fit are answered exactly."""
+    from tritonclient.utils import InferenceServerException
+
+    server, _ = ov_server
+    now, small = np.array([[1_764_950_400_000]], np.int64), np.array([[86_400_000]], np.int64)
+    with ThreadPoolExecutor(max_workers=4) as pool:  # sent together: the batcher may put them in one batch
+        futures = [pool.submit(infer, server, "http", "counter_ov", {"stamp": stamp}) for stamp in (small, now, small)]
+    with pytest.raises(InferenceServerException) as info:
+        futures[1].result()
+    message = str(info.value)
+    assert "400" in message and "'counter_ov'" in message and "input 'stamp' holds 1764950400000 at [0, 0]" in message
+    assert "engine=onnxruntime" in message
+    for index in (0, 2):
+        np.testing.assert_array_equal(futures[index].result().as_numpy("later"), small + 1000)

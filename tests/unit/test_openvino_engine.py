@@ -227,6 +227,46 @@ def test_static_engine_refuses_shapes_it_was_not_compiled_for(model):
         engine.run({**good, first: good[first].astype(wrong)}, model.outputs)
 
 
+def _counter_model(path: Path, dtype: int) -> Path:
+    """y = x + 2 for a 64-bit integer x [n] (a timestamp in milliseconds, an id past 2**31)."""
+    from onnx import helper
+
+    graph = helper.make_graph([helper.make_node("Add", ["x", "two"], ["y"])], "counter",
+                              [helper.make_tensor_value_info("x", dtype, ["n"])],
+                              [helper.make_tensor_value_info("y", dtype, ["n"])], [helper.make_tensor("two", dtype, [], [2])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(path))
+    return path
+
+
+@pytest.mark.parametrize("dtype, big, low, high", [
+    (onnx.TensorProto.INT64, np.int64(1_733_400_000_000), -(2**31), 2**31 - 1),  # a time in ms: past 32 bits
+    (onnx.TensorProto.INT64, np.int64(-(2**33) + 5), -(2**31), 2**31 - 1),
+    (onnx.TensorProto.UINT64, np.uint64(2**31), 0, 2**31 - 1),
+])
+@pytest.mark.parametrize("mode", ["dynamic", "static"])
+def test_a_64_bit_integer_openvino_would_cut_to_32_bits_is_refused_not_answered_wrong(tmp_path, dtype, big, low, high,
+                                                                                       mode):
+    path = _counter_model(tmp_path / "counter.onnx", dtype)
+    numpy_type = type(big)
+    if mode == "dynamic":
+        engine = OvEngine(path, BackendOptions())
+    else:
+        graphs, _ = compile_static(path, [{"x": (3,)}], 1 << 20)
+        engine = OvStaticEngine(graphs, BackendOptions())
+    plain = core().compile_model(str(path), "CPU").create_infer_request()
+    plain.infer({"x": np.array([5, big, 7], numpy_type)})
+    assert plain.get_output_tensor(0).data[1] != big + 2  # what OpenVINO itself answers: cut to 32 bits
+    inside = np.array([low, 5, high - 2], numpy_type)
+    np.testing.assert_array_equal(engine.run({"x": inside}, ["y"])[0], inside + numpy_type(2))
+    with pytest.raises(EngineInputError) as info:
+        engine.run({"x": np.array([5, big, 7], numpy_type)}, ["y"])
+    message = str(info.value)
+    assert f"input 'x' holds {big} at [1]" in message and f"[{low}, {high}]" in message
+    assert "engine=onnxruntime" in message
+
+
 # ------------------------------------------------------------------------------ profiling
 
 

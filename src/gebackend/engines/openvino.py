@@ -148,6 +148,8 @@ class _Compiled:
             for name in port.get_names():
                 self.inputs[name] = spec
         self.input_names = list(dict.fromkeys(p.name for p in self.inputs.values()))
+        # 64-bit integer inputs OpenVINO computes as 32-bit: their values are checked on every run (`_narrowed`)
+        self._wide = {n: p.dtype for n, p in self.inputs.items() if p.dtype in _INT32_RANGE}
         self.outputs: dict[str, int] = {}
         self._output_dtypes = [ov_dtype(port.element_type) for port in self.compiled.outputs]
         for index, port in enumerate(self.compiled.outputs):
@@ -184,11 +186,33 @@ class _Compiled:
         bad = [n for n in output_names if n not in self.outputs]
         if bad:
             raise EngineInputError(f"unknown output(s) {bad}")
+        for name, dtype in self._wide.items():
+            array = feeds.get(name)
+            if array is not None and array.size:
+                _narrowed(name, array, dtype)
 
     def fetch(self, output_names: Sequence[str]) -> list[np.ndarray]:
         """Copies of the requested outputs: the request's buffers are reused by the next run."""
         return [from_ov(self.request.get_output_tensor(i).data, self._output_dtypes[i]).copy()
                 for i in (self.outputs[n] for n in output_names)]
+
+
+# OpenVINO's CPU plugin computes INT64 and UINT64 as 32-bit integers: 2**40 + 1 comes back as 1 through an Identity
+# (OpenVINO 2026.4), silently. The values each 64-bit input may hold to come back right.
+_INT32_RANGE = {np.dtype(np.int64): (-(2**31), 2**31 - 1), np.dtype(np.uint64): (0, 2**31 - 1)}
+
+
+def _narrowed(name: str, array: np.ndarray, dtype: np.dtype) -> None:
+    """Refuse (`EngineInputError`: the request's) a 64-bit integer input holding a value OpenVINO would cut to 32 bits."""
+    low, high = _INT32_RANGE[dtype]
+    if array.min() >= low and array.max() <= high:
+        return
+    flat = int(np.flatnonzero((array < low) | (array > high))[0])
+    where = [int(i) for i in np.unravel_index(flat, array.shape)]
+    raise EngineInputError(
+        f"input '{name}' holds {array.flat[flat]} at {where}: OpenVINO computes {dtype.name.upper()} as a 32-bit integer, "
+        f"so values outside [{low}, {high}] would come back wrong; serve the model with engine=onnxruntime, which "
+        f"computes them exactly")
 
 
 # ------------------------------------------------------------------------------------------ dynamic engine
