@@ -203,16 +203,17 @@ _INT32_RANGE = {np.dtype(np.int64): (-(2**31), 2**31 - 1), np.dtype(np.uint64): 
 
 
 def _narrowed(name: str, array: np.ndarray, dtype: np.dtype) -> None:
-    """Refuse (`EngineInputError`: the request's) a 64-bit integer input holding a value OpenVINO would cut to 32 bits."""
+    """Refuse (`EngineInputError`: the request's fault) a 64-bit integer input holding a value OpenVINO would cut to
+    32 bits."""
     low, high = _INT32_RANGE[dtype]
     if array.min() >= low and array.max() <= high:
         return
     flat = int(np.flatnonzero((array < low) | (array > high))[0])
     where = [int(i) for i in np.unravel_index(flat, array.shape)]
     raise EngineInputError(
-        f"input '{name}' holds {array.flat[flat]} at {where}: OpenVINO computes {dtype.name.upper()} as a 32-bit integer, "
-        f"so values outside [{low}, {high}] would come back wrong; serve the model with engine=onnxruntime, which "
-        f"computes them exactly")
+        f"input '{name}' holds {array.flat[flat]} at {where}: OpenVINO computes {dtype.name.upper()} as a 32-bit "
+        f"integer, so values outside [{low}, {high}] would come back wrong; serve the model with engine=onnxruntime, "
+        f"which computes them exactly")
 
 
 # ------------------------------------------------------------------------------------------ dynamic engine

@@ -161,7 +161,8 @@ class BucketRouter:
                 return False
             for axis in range(start, len(shape)):
                 # an empty axis is not padded: the bucket's run would be all padding, nothing of the request's
-                if target[axis] != shape[axis] and not (axis in self._pad_axes.get(name, ()) and target[axis] > shape[axis] > 0):
+                paddable = axis in self._pad_axes.get(name, ()) and target[axis] > shape[axis] > 0
+                if target[axis] != shape[axis] and not paddable:
                     return False
         return True
 

@@ -248,7 +248,8 @@ def _sized_to_allowance(name: str, options, log: InstanceLog):
     return options.replace(intra_op_thread_count=allowance.cpus)
 
 
-def _resolve_auto(options: BackendOptions, path: Path, signature: Signature, say: Callable[[str], None]) -> BackendOptions:
+def _resolve_auto(options: BackendOptions, path: Path, signature: Signature,
+                  say: Callable[[str], None]) -> BackendOptions:
     """`engine=auto` / `precision_mode=auto` made concrete for this model on this CPU (engines/auto_choice.py); a model
     that only ONNX Runtime serves (`_onnxruntime_only`) runs there, and naming another engine for it fails the load."""
     only = _onnxruntime_only(options, signature)

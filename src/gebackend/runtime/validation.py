@@ -113,7 +113,8 @@ def validate_request(spec: ModelSpec, inputs: Mapping[str, np.ndarray]) -> None:
         if spec.batching:
             rows = array.shape[0]
             if rows == 0:  # (Triton refuses these itself; an in-process caller may not)
-                raise InvalidRequest(f"{where}: batch size 0 (shape {_fmt(array.shape)}); a request needs at least one row")
+                raise InvalidRequest(f"{where}: batch size 0 (shape {_fmt(array.shape)}); a request needs at least "
+                                     f"one row")
             if rows > spec.max_batch_size:
                 raise InvalidRequest(f"{where}: batch size {rows} exceeds the model's max_batch_size {spec.max_batch_size}")
             if batch_size is not None and rows != batch_size[0]:
