@@ -18,8 +18,8 @@ and dtypes, strings equal, numbers within the case's rtol/atol. A case gebackend
 sequence, optional or map input or output; an element type Triton has none for) is skipped with that reason.
 Cases with an empty input tensor run like the others; in static mode their graph is compiled for a length of 1 where
 the request has 0 (Triton's dims are >= 1 or -1) and the request runs on the dynamic fallback (`_empty_buckets`).
-Both engines use one thread
-(plain and ours alike): the outputs do not depend on it and it keeps session creation cheap.
+Both engines use one thread (plain and ours alike): the outputs do not depend on it and it keeps session creation
+cheap.
 """
 
 from __future__ import annotations
