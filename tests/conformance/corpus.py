@@ -17,7 +17,7 @@ Outputs are compared as onnx's own backend test runner does (`assert_similar_out
 and dtypes, strings equal, numbers within the case's rtol/atol. A case gebackend cannot serve at all (a
 sequence, optional or map input or output; an element type Triton has none for) is skipped with that reason.
 Cases with an empty input tensor run like the others; in static mode their graph is compiled for a length of 1 where
-the request has 0 (Triton's dims are >= 1 or -1) and the request runs on the dynamic fallback (`_empty_buckets`).
+the request has 0 (Triton's dims are >= 1 or -1) and the request runs on the dynamic fallback (`empty_buckets`).
 Both engines use one thread (plain and ours alike): the outputs do not depend on it and it keeps session creation
 cheap.
 """
@@ -244,7 +244,7 @@ def _config(case: Case, path: Path, static: bool) -> dict[str, Any]:
     return {"name": case.name, "max_batch_size": 0, "input": entries}
 
 
-def _empty_buckets(case: Case) -> dict[str, str]:
+def empty_buckets(case: Case) -> dict[str, str]:
     """Static mode, a case with an empty input: Triton's config cannot fix a dim to 0, so its static graph is
     compiled for 1 there (a shape bucket) and the request, which fits no bucket, runs on the dynamic fallback
     (`bucket_fallback=dynamic`), as a server serves it. No options for other cases."""
@@ -267,7 +267,7 @@ def run_ours(engine: str, mode: str, case: Case, path: Path, log=None) -> str | 
 
     lines: list[str] = [] if log is None else log
     options = BackendOptions.make(engine=engine, static_model=mode == "static", intra_op_thread_count=1,
-                                  **(_empty_buckets(case) if mode == "static" else {}))
+                                  **(empty_buckets(case) if mode == "static" else {}))
     try:
         spec = build_model_spec(_config(case, path, mode == "static"), read_signature(path), path, options)
         executor, _ = load_executor(spec, log=lines.append)

@@ -23,6 +23,11 @@ WIRE = {np.dtype(t): w for t, w in [(np.float32, "FP32"), (np.float64, "FP64"), 
                                      (np.int32, "INT32"), (np.int8, "INT8"), (np.uint8, "UINT8"), (np.bool_, "BOOL")]}
 
 
+# config.pbtxt's keys for the options corpus.empty_buckets gives (an empty input's static graph and its fallback)
+CONFIG_KEYS = {"input_shape": "graph.ge.inputShape", "dynamic_dims": "graph.ge.dynamicDims",
+               "bucket_fallback": "bucket_fallback"}
+
+
 def _eligible(case: corpus.Case, path) -> bool:
     arrays = [*case.inputs, *case.outputs]
     if any(not isinstance(a, np.ndarray) or a.dtype not in WIRE for a in arrays):
@@ -47,10 +52,13 @@ def sampled(tmp_path_factory):
     chosen = eligible[::step][:SAMPLE]
     for case, path in chosen:
         inputs = {t.name: t for t in read_signature(path).inputs}
-        entries = ",\n".join(
-            f'  {{ name: "{name}", data_type: {inputs[name].dtype.triton}, dims: [ {", ".join(map(str, np.shape(v))) or "1"} ] }}'
+        entries = ",\n".join(  # Triton's dims are >= 1 or -1: an empty input's 0 is -1
+            f'  {{ name: "{name}", data_type: {inputs[name].dtype.triton}, '
+            f'dims: [ {", ".join(str(d or -1) for d in np.shape(v)) or "1"} ] }}'
             for name, v in corpus.feeds(case).items())
-        for model, extra in ((case.name, ""), (f"{case.name}_static", 'parameters { key: "static_model" value: { string_value: "1" } }\n')):
+        static = {"static_model": "1", **{CONFIG_KEYS[k]: v for k, v in corpus.empty_buckets(case).items()}}
+        static_extra = "".join(f'parameters {{ key: "{k}" value: {{ string_value: "{v}" }} }}\n' for k, v in static.items())
+        for model, extra in ((case.name, ""), (f"{case.name}_static", static_extra)):
             (repo / model / "1").mkdir(parents=True)
             (repo / model / "1" / "model.onnx").write_bytes(path.read_bytes())
             (repo / model / "config.pbtxt").write_text(f'backend: "ge"\nmax_batch_size: 0\ninput [\n{entries}\n]\n{extra}')
