@@ -228,7 +228,7 @@ def test_static_engine_refuses_shapes_it_was_not_compiled_for(model):
 
 
 def _counter_model(path: Path, dtype: int) -> Path:
-    """y = x + 2 for a 64-bit integer x [n] (a timestamp in milliseconds, an id past 2**31)."""
+    """y = x + 2 for a 64-bit x [n] (a timestamp in milliseconds, an id past 2**31, a float64)."""
     from onnx import helper
 
     graph = helper.make_graph([helper.make_node("Add", ["x", "two"], ["y"])], "counter",
@@ -244,9 +244,10 @@ def _counter_model(path: Path, dtype: int) -> Path:
     (onnx.TensorProto.INT64, np.int64(1_733_400_000_000), -(2**31), 2**31 - 1),  # a time in ms: past 32 bits
     (onnx.TensorProto.INT64, np.int64(-(2**33) + 5), -(2**31), 2**31 - 1),
     (onnx.TensorProto.UINT64, np.uint64(2**31), 0, 2**31 - 1),
+    (onnx.TensorProto.DOUBLE, np.float64(1e300), -float(np.finfo(np.float32).max), float(np.finfo(np.float32).max)),
 ])
 @pytest.mark.parametrize("mode", ["dynamic", "static"])
-def test_a_64_bit_integer_openvino_would_cut_to_32_bits_is_refused_not_answered_wrong(tmp_path, dtype, big, low, high,
+def test_a_64_bit_value_openvino_would_narrow_wrongly_is_refused_not_answered_wrong(tmp_path, dtype, big, low, high,
                                                                                        mode):
     path = _counter_model(tmp_path / "counter.onnx", dtype)
     numpy_type = type(big)
@@ -265,6 +266,9 @@ def test_a_64_bit_integer_openvino_would_cut_to_32_bits_is_refused_not_answered_
     message = str(info.value)
     assert f"input 'x' holds {big} at [1]" in message and f"[{low}, {high}]" in message
     assert "engine=onnxruntime" in message
+    if numpy_type is np.float64:  # only finite values are refused: NaN and infinities are not out of range
+        got = engine.run({"x": np.array([np.nan, np.inf, 2.0])}, ["y"])[0]
+        assert np.isnan(got[0]) and got[2] == 4.0
 
 
 # ------------------------------------------------------------------------------ profiling

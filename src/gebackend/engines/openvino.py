@@ -148,8 +148,8 @@ class _Compiled:
             for name in port.get_names():
                 self.inputs[name] = spec
         self.input_names = list(dict.fromkeys(p.name for p in self.inputs.values()))
-        # 64-bit integer inputs OpenVINO computes as 32-bit: their values are checked on every run (`_narrowed`)
-        self._wide = {n: p.dtype for n, p in self.inputs.items() if p.dtype in _INT32_RANGE}
+        # 64-bit inputs OpenVINO computes in 32 bits: their values are checked on every run (`_narrowed`)
+        self._wide = {n: p.dtype for n, p in self.inputs.items() if p.dtype in _NARROWED}
         self.outputs: dict[str, int] = {}
         self._output_dtypes = [ov_dtype(port.element_type) for port in self.compiled.outputs]
         for index, port in enumerate(self.compiled.outputs):
@@ -197,23 +197,33 @@ class _Compiled:
                 for i in (self.outputs[n] for n in output_names)]
 
 
-# OpenVINO's CPU plugin computes INT64 and UINT64 as 32-bit integers: 2**40 + 1 comes back as 1 through an Identity
-# (OpenVINO 2026.4), silently. The values each 64-bit input may hold to come back right.
-_INT32_RANGE = {np.dtype(np.int64): (-(2**31), 2**31 - 1), np.dtype(np.uint64): (0, 2**31 - 1)}
+# OpenVINO's CPU plugin computes INT64 and UINT64 as 32-bit integers and FLOAT64 as FLOAT32, silently: 2**40 + 1
+# comes back as 1 through an Identity, 1e300 as 3.4e38 (OpenVINO 2026.4). The values each such input may hold to come
+# back right (a float64 keeps only about 7 significant digits even so; infinities and NaN pass, though some ops
+# saturate an infinity to 3.4e38 on OpenVINO where a Cast keeps it).
+_F32_MAX = float(np.finfo(np.float32).max)
+_NARROWED = {np.dtype(np.int64): (-(2**31), 2**31 - 1, "a 32-bit integer"),
+             np.dtype(np.uint64): (0, 2**31 - 1, "a 32-bit integer"),
+             np.dtype(np.float64): (-_F32_MAX, _F32_MAX, "a 32-bit float")}
 
 
 def _narrowed(name: str, array: np.ndarray, dtype: np.dtype) -> None:
-    """Refuse (`EngineInputError`: the request's fault) a 64-bit integer input holding a value OpenVINO would cut to
-    32 bits."""
-    low, high = _INT32_RANGE[dtype]
-    if array.min() >= low and array.max() <= high:
-        return
-    flat = int(np.flatnonzero((array < low) | (array > high))[0])
+    """Refuse (`EngineInputError`: the request's fault) an input holding a value OpenVINO would narrow wrongly."""
+    low, high, as_what = _NARROWED[dtype]
+    if dtype.kind == "f":  # finite values only: an infinity narrows to itself (a Cast keeps it, an Add saturates it)
+        outside = np.isfinite(array) & ((array < low) | (array > high))
+        if not outside.any():
+            return
+    else:
+        if array.min() >= low and array.max() <= high:
+            return
+        outside = (array < low) | (array > high)
+    flat = int(np.flatnonzero(outside)[0])
     where = [int(i) for i in np.unravel_index(flat, array.shape)]
     raise EngineInputError(
-        f"input '{name}' holds {array.flat[flat]} at {where}: OpenVINO computes {dtype.name.upper()} as a 32-bit "
-        f"integer, so values outside [{low}, {high}] would come back wrong; serve the model with engine=onnxruntime, "
-        f"which computes them exactly")
+        f"input '{name}' holds {array.flat[flat]} at {where}: OpenVINO computes {dtype.name.upper()} as {as_what}, "
+        f"so values outside [{low}, {high}] would come back wrong; serve the model with engine=onnxruntime, which "
+        f"computes them exactly")
 
 
 # ------------------------------------------------------------------------------------------ dynamic engine
