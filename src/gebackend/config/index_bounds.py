@@ -21,6 +21,9 @@ valid. `length_limits` finds that pattern (the `Range` from 0 in steps of 1, or 
 length with `Slice` as Hugging Face's BERT exports it, through the ops above and `Expand`) and says, per input,
 which axis may be at most how long; the request check refuses longer ones (400), and a shape bucket longer than the
 table is a config error at load.
+
+`out_of_bounds` finds the first value outside a bound with `first_outside`, which the OpenVINO engine's check of
+64-bit inputs it computes in 32 bits (engines/openvino.py) uses too.
 """
 
 from __future__ import annotations
@@ -277,10 +280,22 @@ def _follow(start: str, elem: int, consumers: dict[str, list[onnx.NodeProto]],
 
 def out_of_bounds(array: np.ndarray, bound: IndexBound) -> tuple[int, tuple[int, ...]] | None:
     """The first value of `array` outside `bound` and where it is, or None when all are inside."""
+    found = first_outside(array, bound.low, bound.high)
+    return None if found is None else (int(found[0]), found[1])
+
+
+def first_outside(array: np.ndarray, low, high, finite_only: bool = False) -> tuple[np.generic, tuple[int, ...]] | None:
+    """The first value of `array` outside [`low`, `high`] and where it is, or None when all are inside; with
+    `finite_only`, infinities and NaN count as inside. A min and a max when everything is inside (the common case)."""
     if array.size == 0:
         return None
-    if array.min() >= bound.low and array.max() <= bound.high:
-        return None
-    flat = np.flatnonzero((array < bound.low) | (array > bound.high))[0]
-    where = np.unravel_index(flat, array.shape)
-    return int(array.flat[flat]), tuple(int(i) for i in where)
+    if finite_only:
+        outside = np.isfinite(array) & ((array < low) | (array > high))
+        if not outside.any():
+            return None
+    else:
+        if array.min() >= low and array.max() <= high:
+            return None
+        outside = (array < low) | (array > high)
+    flat = int(np.flatnonzero(outside)[0])
+    return array.flat[flat], tuple(int(i) for i in np.unravel_index(flat, array.shape))

@@ -35,6 +35,7 @@ import openvino as ov
 import openvino.properties as props
 import openvino.properties.hint as hints
 
+from gebackend.config.index_bounds import first_outside
 from gebackend.config.options import BackendOptions
 from gebackend.engines.base import Engine, EngineInputError, EngineRunError, ProfiledSession, ProfilingSwap
 from gebackend.engines.bfloat16 import from_ov, ov_dtype, ov_tensor
@@ -188,7 +189,7 @@ class _Compiled:
             raise EngineInputError(f"unknown output(s) {bad}")
         for name, dtype in self._wide.items():
             array = feeds.get(name)
-            if array is not None and array.size:
+            if array is not None:
                 _narrowed(name, array, dtype)
 
     def fetch(self, output_names: Sequence[str]) -> list[np.ndarray]:
@@ -210,18 +211,13 @@ _NARROWED = {np.dtype(np.int64): (-(2**31), 2**31 - 1, "a 32-bit integer"),
 def _narrowed(name: str, array: np.ndarray, dtype: np.dtype) -> None:
     """Refuse (`EngineInputError`: the request's fault) an input holding a value OpenVINO would narrow wrongly."""
     low, high, as_what = _NARROWED[dtype]
-    if dtype.kind == "f":  # finite values only: an infinity narrows to itself (a Cast keeps it, an Add saturates it)
-        outside = np.isfinite(array) & ((array < low) | (array > high))
-        if not outside.any():
-            return
-    else:
-        if array.min() >= low and array.max() <= high:
-            return
-        outside = (array < low) | (array > high)
-    flat = int(np.flatnonzero(outside)[0])
-    where = [int(i) for i in np.unravel_index(flat, array.shape)]
+    # floats: finite values only, an infinity narrows to itself (a Cast keeps it, an Add saturates it)
+    found = first_outside(array, low, high, finite_only=dtype.kind == "f")
+    if found is None:
+        return
+    value, where = found
     raise EngineInputError(
-        f"input '{name}' holds {array.flat[flat]} at {where}: OpenVINO computes {dtype.name.upper()} as {as_what}, "
+        f"input '{name}' holds {value} at {list(where)}: OpenVINO computes {dtype.name.upper()} as {as_what}, "
         f"so values outside [{low}, {high}] would come back wrong; serve the model with engine=onnxruntime, which "
         f"computes them exactly")
 

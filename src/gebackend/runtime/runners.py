@@ -26,10 +26,11 @@ def run_engine(model: str, engine: Engine, feeds: Tensors, output_names: Sequenc
     try:
         arrays = engine.run(feeds, output_names) if bucket is None else engine.run_bucket(bucket, feeds, output_names)
     except EngineInputError as exc:
-        raise InvalidRequest(f"{_whose(model, feeds)} cannot run this request: {exc}") from None
+        raise InvalidRequest(f"{_whose(model, _empty_input(feeds))} cannot run this request: {exc}") from None
     except EngineRunError as exc:
-        if _empty_input(feeds) is not None:  # the model does not compute on an empty tensor: the request's to change
-            raise InvalidRequest(f"{_whose(model, feeds)} cannot run this request: {exc}") from None
+        empty = _empty_input(feeds)
+        if empty is not None:  # the model does not compute on an empty tensor: the request's to change
+            raise InvalidRequest(f"{_whose(model, empty)} cannot run this request: {exc}") from None
         raise InternalError(f"model '{model}' failed while running: {exc}") from None
     return dict(zip(output_names, arrays))
 
@@ -39,9 +40,8 @@ def _empty_input(feeds: Tensors) -> tuple[str, tuple[int, ...]] | None:
     return next(((name, a.shape) for name, a in feeds.items() if getattr(a, "size", 1) == 0), None)
 
 
-def _whose(model: str, feeds: Tensors) -> str:
+def _whose(model: str, empty: tuple[str, tuple[int, ...]] | None) -> str:
     """Who could not run: the model, and the empty input when there is one (the likely cause)."""
-    empty = _empty_input(feeds)
     if empty is None:
         return f"model '{model}'"
     return f"model '{model}' (input '{empty[0]}' is an empty tensor, shape {list(empty[1])})"
