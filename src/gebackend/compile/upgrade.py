@@ -11,6 +11,11 @@
   and a ResNet-style CNN): without the upgrade all 57 opset-6 models failed to fold; upgraded to opset 7,
   13 or 21, all 171 fold and give ONNX Runtime's outputs; it costs ~5 ms per small model and 0.4 s on a
   45 MB CNN. Opset 7 is the smallest change that works; newer files are never converted.
+- PRelu before opset 7 applies a slope of C values per channel (axis 1: Caffe2's PRelu, what PyTorch's early exporter
+  wrote), opset 7 broadcasts it from the right, and onnx.version_converter keeps the node as it is: ONNX Runtime then
+  refuses every run of an input [N, C, L] with a slope [C] (`Attempting to broadcast an axis by a dimension other
+  than 1`). Before converting, such a slope gets an `Unsqueeze` to [C, 1, ..., 1] (`channel_slopes`), which means the
+  same at both opsets (the onnx wheel's pytorch-converted PReLU cases: 3 of 6 failed every run without it).
 """
 
 from __future__ import annotations
@@ -51,8 +56,48 @@ def upgrade_opset(model: onnx.ModelProto, target: int = MIN_FOLD_OPSET) -> onnx.
     """A copy of `model` converted to default-domain opset `target` (raises what onnx.version_converter raises)."""
     from onnx import version_converter
 
-    converted = version_converter.convert_version(model, target)
+    converted = version_converter.convert_version(channel_slopes(model), target)
     return raise_ir_version(converted)
+
+
+def channel_slopes(model: onnx.ModelProto) -> onnx.ModelProto:
+    """`model` with each PRelu's per-channel slope (C values, C > 1, an input of rank r > 2) unsqueezed to
+    [C, 1, ..., 1] (r - 2 ones), which opset 7's broadcasting reads as the channel axis; `model` itself when no
+    PRelu needs it or an input's rank is unknown. For a model below opset 7 only."""
+    from onnx import helper
+
+    from gebackend.compile.light import infer_shapes
+
+    if not any(node.op_type == "PRelu" for node in model.graph.node):
+        return model
+    try:
+        inferred = infer_shapes(model, data_prop=False)
+    except Exception:  # noqa: BLE001 - no ranks known: nothing is changed
+        return model
+    dims = {v.name: [d.dim_value if d.HasField("dim_value") else None for d in v.type.tensor_type.shape.dim]
+            for v in [*inferred.graph.input, *inferred.graph.value_info] if v.type.tensor_type.HasField("shape")}
+    dims.update({init.name: list(init.dims) for init in model.graph.initializer})
+    changes = {}  # node index -> the rank of its input
+    for index, node in enumerate(model.graph.node):
+        if node.op_type != "PRelu" or node.domain not in ("", "ai.onnx") or len(node.input) < 2:
+            continue
+        data, slope = dims.get(node.input[0]), dims.get(node.input[1])
+        if data is not None and len(data) > 2 and slope is not None and len(slope) == 1 and (slope[0] or 0) > 1:
+            changes[index] = len(data)
+    if not changes:
+        return model
+    result = onnx.ModelProto()
+    result.CopyFrom(model)
+    nodes = []
+    for index, node in enumerate(result.graph.node):
+        if index in changes:
+            channel = f"{node.input[1]}__per_channel{index}"
+            nodes.append(helper.make_node("Unsqueeze", [node.input[1]], [channel], axes=list(range(1, changes[index] - 1))))
+            node.input[1] = channel
+        nodes.append(node)
+    del result.graph.node[:]
+    result.graph.node.extend(nodes)
+    return result
 
 
 class UpgradePass(GraphPass):
