@@ -20,9 +20,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import onnx
 
 from gebackend.compile.graph_pass import GraphPass, PassContext, reason
+from gebackend.errors import ModelLoadError
 
 MIN_FOLD_OPSET = 7
 
@@ -98,6 +101,27 @@ def channel_slopes(model: onnx.ModelProto) -> onnx.ModelProto:
     del result.graph.node[:]
     result.graph.node.extend(nodes)
     return result
+
+
+def upgraded_copy(path: Path, temp_parent: Path | None) -> tuple[Path, int] | None:
+    """For the dynamic graph: the file at `path` converted to opset `MIN_FOLD_OPSET` as a model copy
+    (config/model_copy.py), and the opset it had; None when its opset is not below it. Raises `ModelLoadError` when
+    the conversion fails."""
+    from gebackend.config.model_copy import write_model_copy
+
+    model = onnx.load(str(path), load_external_data=False)
+    if not needs_opset_upgrade(model):
+        return None
+    old = default_opset(model)
+    try:
+        converted = upgrade_opset(model)
+    except Exception as exc:  # noqa: BLE001 - an adapter onnx.version_converter lacks
+        raise ModelLoadError(reason(exc, f"converting its opset {old} to {MIN_FOLD_OPSET} with onnx.version_converter "
+                                         f"failed: ")) from None
+    try:
+        return write_model_copy(converted, Path(path), temp_parent, prefix=f"ge-opset{MIN_FOLD_OPSET}-"), old
+    except OSError as exc:
+        raise ModelLoadError(f"cannot write the copy of {path} converted to opset {MIN_FOLD_OPSET}: {exc}") from None
 
 
 class UpgradePass(GraphPass):

@@ -205,8 +205,33 @@ class OrtEngine(Engine):
         self._disabled = disabled_optimizers(options.session, static=False)
         run_config, self._arena_text = arena_run_config(options.session, self._selection)
         self.run_options = run_options_config(run_config)  # None unless memory.enable_memory_arena_shrinkage is set
-        self._swap = ProfilingSwap(self._new_session())
+        self._upgraded_from: int | None = None  # the file's opset, when it runs converted (`_open`)
+        self._swap = ProfilingSwap(self._open())
         self._values = bfloat16.needs_values(self._swap.serving)  # bfloat16 tensors: runs with OrtValues
+
+    def _open(self) -> ort.InferenceSession:
+        """The serving session. A file ONNX Runtime cannot load whose opset is below 7 (ONNX Runtime has no kernels
+        for opset 6's Add, Gemm, BatchNormalization, ...) is converted to opset 7, as the static graph's upgrade pass
+        does (compile/upgrade.py), and served from that copy."""
+        try:
+            return self._new_session()
+        except ModelLoadError as refused:
+            from gebackend.compile.upgrade import MIN_FOLD_OPSET, upgraded_copy
+            from gebackend.control.env import server_temp_parent
+
+            try:
+                upgraded = upgraded_copy(self._path, server_temp_parent())
+            except ModelLoadError as exc:  # the converter's adapters need fixed dims (Add, Sum: "is a param")
+                raise ModelLoadError(f"{refused}; {exc}; static_model=1 converts each compiled shape, its dims "
+                                     f"fixed") from None
+            if upgraded is None:
+                raise
+            self._path, self._upgraded_from = upgraded
+            try:
+                return self._new_session()
+            except ModelLoadError as exc:
+                raise ModelLoadError(f"{refused}; converted from opset {self._upgraded_from} to {MIN_FOLD_OPSET}, "
+                                     f"it still fails: {exc}") from None
 
     def _new_session(self, profile_prefix: Path | None = None) -> ort.InferenceSession:
         so = session_options(self._options.session)
@@ -251,7 +276,16 @@ class OrtEngine(Engine):
             f"execution_mode={o.execution_mode} graph_optimization_level={o.graph_optimization_level}"
             f"{describe_tuning(o, self._disabled)}{describe_provider(self._selection)}"
             f"{' ' + self._arena_text if self._arena_text else ''}"
+            f"{self._upgrade_text()}"
         )
+
+    def _upgrade_text(self) -> str:
+        if self._upgraded_from is None:
+            return ""
+        from gebackend.compile.upgrade import MIN_FOLD_OPSET
+
+        return (f" opset {self._upgraded_from} converted to {MIN_FOLD_OPSET} with onnx.version_converter (ONNX Runtime "
+                f"{ort.__version__} cannot load the file's opset)")
 
     def close(self) -> None:
         self._swap.close()

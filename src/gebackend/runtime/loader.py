@@ -173,7 +173,7 @@ def _static_executor(spec: ModelSpec, providers: Sequence, log: Callable[[str], 
     costs, dynamic_costs, candidate = None, None, None
     if timable and bucket_costs.worth_measuring(spec):
         if static.bucket_plan == "measured" and as_selection(providers).kind.name == "cpu":
-            candidate = fallback if fallback is not None else create_engine(spec, providers)
+            candidate = fallback if fallback is not None else _dynamic_candidate(spec, providers, log)
         measured = _timed_costs(spec, providers, engine, output_names, candidate, log)
         if measured is not None:
             costs, dynamic_costs = measured
@@ -195,6 +195,16 @@ def _static_executor(spec: ModelSpec, providers: Sequence, log: Callable[[str], 
     how = (f"static graph, buckets [{' | '.join(router.describe())}], fallback={static.bucket_fallback}, "
            + (f"batch sizes {on_dynamic} on the dynamic graph, " if on_dynamic else "") + engine.describe())
     return Executor(spec, runner), how
+
+
+def _dynamic_candidate(spec: ModelSpec, providers: Sequence, log: Callable[[str], None]):
+    """The dynamic graph `bucket_plan=measured` times beside the buckets, or None when it cannot be built (an opset-6
+    file with a free dim the converter refuses, which the buckets, their dims fixed, serve)."""
+    try:
+        return create_engine(spec, providers)
+    except ModelLoadError as exc:
+        log(f"bucket_plan=measured: no dynamic graph to time beside the buckets, they serve every batch size: {exc}")
+        return None
 
 
 def _timed_costs(spec: ModelSpec, providers: Sequence, engine, output_names, candidate, log: Callable[[str], None]):
