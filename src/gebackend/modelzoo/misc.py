@@ -1,6 +1,7 @@
 """Tiny test models: ``build_add_mul`` (dynamic batch, two outputs), ``build_identity_fixed`` (static, no batch dim),
 ``build_spin`` (runs as long as asked), ``build_row_scale`` (an input with only the batch dim),
-and the graph-pass fixtures ``build_mod_constant``, ``build_constant_of_shape_weight`` and ``build_nonzero``.
+the graph-pass fixtures ``build_mod_constant``, ``build_constant_of_shape_weight`` and ``build_nonzero``, and
+``build_string_normalizer`` (a scikit-learn style text step).
 """
 
 from __future__ import annotations
@@ -168,3 +169,15 @@ def build_custom_negpos() -> onnx.ModelProto:
     model.ir_version = 8
     onnx.checker.check_model(model)  # no full check: onnx has no schema for a custom domain's ops
     return model
+
+
+def build_string_normalizer(locale: str | None = None, action: str = "UPPER", case_sensitive: bool = True) -> onnx.ModelProto:
+    """``normalized = StringNormalizer(text)`` for ``text`` STRING ``[4]``: case changed to ``action``, the stopword
+    "monday" removed; ``locale`` None leaves the attribute out (ONNX Runtime then takes en_US.UTF-8)."""
+    attributes = {"case_change_action": action, "stopwords": ["monday"], "is_case_sensitive": int(case_sensitive)}
+    if locale is not None:
+        attributes["locale"] = locale
+    graph = helper.make_graph([helper.make_node("StringNormalizer", ["text"], ["normalized"], **attributes)], "norm",
+                              [helper.make_tensor_value_info("text", onnx.TensorProto.STRING, [4])],
+                              [helper.make_tensor_value_info("normalized", onnx.TensorProto.STRING, [None])])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])

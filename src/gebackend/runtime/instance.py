@@ -20,6 +20,7 @@ import numpy as np
 from gebackend.config.io_names import aliased_model
 from gebackend.config.model_file import find_model_file
 from gebackend.config.onnx_signature import Signature, read_signature
+from gebackend.config.normalizer_locale import served_locale
 from gebackend.config.optional_inputs import Defaults, served_model
 from gebackend.config.option_groups import BackendOptions
 from gebackend.config.option_report import load_report
@@ -106,6 +107,7 @@ class ModelInstance:
         path = aliased_model(config, path, say, server_temp_parent())  # npu_ge: names paired by position
         signature = read_signature(path)
         path, defaults = served_model(config, path, signature, say, server_temp_parent())  # optional inputs: plain ones
+        path = served_locale(path, signature, say, server_temp_parent())  # StringNormalizer: a locale this machine has
         options, ledger, lending = _pin(name, instance, config, parsed.options, log) if pin else (parsed.options, None, None)
         options = _resolve_auto(options, path, signature, say)
         spec = build_model_spec(config, signature, path, options, source=in_repository)
