@@ -2,7 +2,8 @@
 
 Cases come from the onnx wheel: its `onnx/backend/test/data/node` folder when it ships one (model.onnx
 and test_data_set_*/*.pb per case), else the case code (`onnx.backend.test.case.node.collect_testcases`),
-which builds the same models and reference data in memory. Each case runs
+which builds the same models and reference data in memory; then the wheel's whole-model cases (model_cases.py:
+PyTorch exports, small hand-built models, nine model-zoo architectures). Each case runs
 
 - on the plain engine: `onnxruntime.InferenceSession` on the file, or `openvino.Core().compile_model` on it
   with `INFERENCE_PRECISION_HINT=f32` (what `precision_mode=origin` asks; OpenVINO's default on a CPU with
@@ -78,7 +79,9 @@ def _load_folder(folder: Path) -> list[Case]:
                 values.append(numpy_helper.to_array(proto))
             return values
 
-        cases.append(Case(case_dir.name, model, read("input"), read("output"), 1e-3, 1e-7))
+        from .model_cases import _tolerances
+
+        cases.append(Case(case_dir.name, model, read("input"), read("output"), *_tolerances(case_dir / "data.json")))
     return cases
 
 
@@ -93,7 +96,14 @@ def _array(value: Any) -> Any:
 
 
 def load_cases() -> list[Case]:
-    """Every node test case, in name order (about 1,900 with onnx 1.23: ~7 s to build from the case code)."""
+    """Every node test case, in name order (about 1,900 with onnx 1.23: ~7 s to build from the case code), then the
+    wheel's model cases (model_cases.py: about 150 whole models)."""
+    from .model_cases import load_model_cases
+
+    return load_node_cases() + load_model_cases()
+
+
+def load_node_cases() -> list[Case]:
     source = corpus_source()
     if source.endswith("node"):
         return _load_folder(Path(source))

@@ -57,14 +57,19 @@ def markdown(results: dict[str, dict[str, str | None]], seconds: float) -> str:
     from collections import defaultdict
 
     engines = [e for e in corpus.ENGINES if any(f"plain/{e}" in row for row in results.values())]
-    out = [f"{len(results)} cases from `{corpus.corpus_source()}`, {seconds:.0f} s on this machine (2 processes).", "",
-           "| engine | cases run | passed plain | passed ours, dynamic | passed ours, static | ours fails where plain passes |",
-           "| --- | ---: | ---: | ---: | ---: | ---: |"]
-    for engine in engines:
-        c = summary(results, engine)
-        n = c["counts"]
-        out.append(f"| {engine} | {n['run']} | {n['passed plain']} | {n['passed ours dynamic']} | "
-                   f"{n['passed ours static']} | {len(c['regressions'])} |")
+    models = {name: row for name, row in results.items() if "/" in name}  # model cases are named <folder>/<case>
+    nodes = {name: row for name, row in results.items() if name not in models}
+    out = [f"{len(nodes)} operator cases from `{corpus.corpus_source()}` and {len(models)} model cases from "
+           f"`onnx/backend/test/data/{{{','.join(sorted({n.split('/')[0] for n in models}))}}}`, {seconds:.0f} s on "
+           f"this machine (2 processes).", "",
+           "| cases | engine | cases run | passed plain | passed ours, dynamic | passed ours, static | ours fails where "
+           "plain passes |", "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
+    for label, part in (("operators", nodes), ("models", models)):
+        for engine in engines if part else ():
+            c = summary(part, engine)
+            n = c["counts"]
+            out.append(f"| {label} | {engine} | {n['run']} | {n['passed plain']} | {n['passed ours dynamic']} | "
+                       f"{n['passed ours static']} | {len(c['regressions'])} |")
     skipped = defaultdict(list)
     for name, row in results.items():
         if "skip" in row:

@@ -1,9 +1,10 @@
-"""Conformance: every ONNX operator test case the plain engine passes also passes through gebackend, in both graph modes.
+"""Conformance: every ONNX operator test case (and every model case the onnx wheel ships) the plain engine passes also
+passes through gebackend, in both graph modes.
 
 One test per engine walks the whole corpus (see `corpus.py`) and reports every mismatch at once; the plain
 engines' results are computed in the same run (once per process, shared by the tests), so what "plain passes"
 means follows the machine (CPU features, engine versions). The runs are split over two spawned processes:
-about 2 minutes for both engines on the 2-core development machine. `python -m tests.conformance.report`
+about 2.5 minutes for both engines on the 2-core development machine. `python -m tests.conformance.report`
 prints the same numbers and every exception.
 """
 
@@ -13,7 +14,7 @@ import importlib.util
 
 import pytest
 
-from . import corpus, report
+from . import corpus, model_cases, report
 
 pytestmark = pytest.mark.timeout(1500)
 
@@ -35,6 +36,8 @@ def test_what_the_plain_engine_passes_passes_in_both_graph_modes(results, engine
     counts = result["counts"]
     print(f"{engine}: {counts}")
     assert counts["cases"] > 1000, counts  # the corpus was found
+    if (model_cases.data_root() / "light").is_dir():  # and the wheel's model cases with it
+        assert sum(name.startswith("light/") for name in results) == 9, sorted(results)[-20:]
     assert counts["passed plain"] > counts["run"] // 2, counts
     assert not result["crashes"], "a dependency's exception reached the caller:\n" + _report(result["crashes"])
     assert not result["regressions"], (f"{len(result['regressions'])} case(s) the plain {engine} passes fail through "

@@ -40,7 +40,7 @@ def sampled(tmp_path_factory):
     """Every k-th eligible case by name (deterministic), served from one repository."""
     root = tmp_path_factory.mktemp("corpus")
     repo = root / "models"
-    cases = sorted(corpus.load_cases(), key=lambda c: c.name)
+    cases = sorted(corpus.load_node_cases(), key=lambda c: c.name)
     eligible = []
     for case in cases:
         path = root / "plain" / case.name / "model.onnx"
