@@ -41,6 +41,8 @@ class Signature:
     # initializers also listed as graph inputs (IR >= 4): defaults a caller may replace, served only when config.pbtxt
     # lists them (config/optional_inputs.py)
     defaults: tuple[OnnxTensor, ...] = ()
+    # outputs the file makes with a ZipMap (a sequence of maps), served as the tensors they map (config/zipmap.py)
+    unzipped: tuple[str, ...] = ()
 
     def input(self, name: str) -> OnnxTensor | None:
         return next((t for t in self.inputs if t.name == name), None)
@@ -72,6 +74,12 @@ def _tensor(value: onnx.ValueInfoProto, where: str, bound: IndexBound | None = N
 
 
 def signature_of(model: onnx.ModelProto) -> Signature:
+    from gebackend.config.zipmap import unzipped
+
+    served = unzipped(model)  # a classifier's ZipMap outputs: the tensors they map
+    zipped = {v.name for v in model.graph.output if v.type.WhichOneof("value") != "tensor_type"}
+    if served is not None:
+        model = served
     initializers = {init.name for init in model.graph.initializer}
     bounds, limits = index_bounds(model), length_limits(model)
     inputs = tuple(_tensor(v, "input", bounds.get(v.name), limits.get(v.name, ()))
@@ -80,7 +88,8 @@ def signature_of(model: onnx.ModelProto) -> Signature:
     # IR < 4 listed every initializer as an input, and nothing may replace those (as ONNX Runtime reads them)
     defaults = () if model.ir_version < 4 else tuple(
         _tensor(v, "input") for v in model.graph.input if v.name in initializers)
-    return Signature(inputs, outputs, defaults)
+    unzipped_names = tuple(v.name for v in model.graph.output if v.name in zipped) if served is not None else ()
+    return Signature(inputs, outputs, defaults, unzipped_names)
 
 
 def read_signature(path: str | Path) -> Signature:

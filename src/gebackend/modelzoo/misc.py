@@ -1,7 +1,8 @@
 """Tiny test models: ``build_add_mul`` (dynamic batch, two outputs), ``build_identity_fixed`` (static, no batch dim),
 ``build_spin`` (runs as long as asked), ``build_row_scale`` (an input with only the batch dim),
 the graph-pass fixtures ``build_mod_constant``, ``build_constant_of_shape_weight`` and ``build_nonzero``, and
-``build_string_normalizer`` (a scikit-learn style text step).
+``build_string_normalizer`` (a scikit-learn style text step) and ``build_zipmap_classifier`` (a scikit-learn
+classifier as skl2onnx exports it by default).
 """
 
 from __future__ import annotations
@@ -181,3 +182,25 @@ def build_string_normalizer(locale: str | None = None, action: str = "UPPER", ca
                               [helper.make_tensor_value_info("text", onnx.TensorProto.STRING, [4])],
                               [helper.make_tensor_value_info("normalized", onnx.TensorProto.STRING, [None])])
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def build_zipmap_classifier(labels: tuple = ("setosa", "versicolor", "virginica")) -> onnx.ModelProto:
+    """``label`` [N] and ``probabilities`` (a ZipMap: a sequence of maps, class label -> probability) of a linear
+    classifier over ``features`` float32 [N, 4], as skl2onnx exports a LogisticRegression by default."""
+    rng = np.random.default_rng(3)
+    string_labels = isinstance(labels[0], str)
+    linear = helper.make_node(
+        "LinearClassifier", ["features"], ["label", "probability_tensor"], domain="ai.onnx.ml",
+        coefficients=rng.standard_normal(4 * len(labels)).round(3).tolist(), intercepts=[0.1] * len(labels),
+        post_transform="SOFTMAX", multi_class=1,
+        **({"classlabels_strings": list(labels)} if string_labels else {"classlabels_ints": list(labels)}))
+    zipmap = helper.make_node("ZipMap", ["probability_tensor"], ["probabilities"], domain="ai.onnx.ml",
+                              **({"classlabels_strings": list(labels)} if string_labels
+                                 else {"classlabels_int64s": list(labels)}))
+    key = onnx.TensorProto.STRING if string_labels else onnx.TensorProto.INT64
+    graph = helper.make_graph(
+        [linear, zipmap], "zipmap_classifier", [helper.make_tensor_value_info("features", onnx.TensorProto.FLOAT, ["N", 4])],
+        [helper.make_tensor_value_info("label", key, ["N"]),
+         helper.make_value_info("probabilities", helper.make_sequence_type_proto(
+             helper.make_map_type_proto(key, helper.make_tensor_type_proto(onnx.TensorProto.FLOAT, []))))])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("ai.onnx.ml", 3)])

@@ -22,6 +22,7 @@ from gebackend.config.model_file import find_model_file
 from gebackend.config.onnx_signature import Signature, read_signature
 from gebackend.config.normalizer_locale import served_locale
 from gebackend.config.optional_inputs import Defaults, served_model
+from gebackend.config.zipmap import served_unzipped
 from gebackend.config.option_groups import BackendOptions
 from gebackend.config.option_report import load_report
 from gebackend.config.options import ParsedOptions, global_options_from_env, model_parameters, parse_options
@@ -108,6 +109,7 @@ class ModelInstance:
         signature = read_signature(path)
         path, defaults = served_model(config, path, signature, say, server_temp_parent())  # optional inputs: plain ones
         path = served_locale(path, signature, say, server_temp_parent())  # StringNormalizer: a locale this machine has
+        path = served_unzipped(path, signature, say, server_temp_parent())  # a classifier's ZipMap: its tensor
         options, ledger, lending = _pin(name, instance, config, parsed.options, log) if pin else (parsed.options, None, None)
         options = _resolve_auto(options, path, signature, say)
         spec = build_model_spec(config, signature, path, options, source=in_repository)
