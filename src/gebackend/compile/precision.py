@@ -112,6 +112,17 @@ def _count(model: onnx.ModelProto, op_types: tuple[str, ...], weighted: bool = F
                if node.op_type in op_types and (not weighted or any(i in constants for i in node.input)))
 
 
+#: the ops of a file that is quantized already: QDQ (ONNX Runtime's quantize_static, NNCF, quantized PyTorch and
+#: TensorFlow exports) and operator-oriented formats (QLinearConv, ConvInteger, ONNX Runtime's contrib int8 ops)
+QUANTIZED_OPS = ("QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "QLinearConv", "QLinearMatMul",
+                 "ConvInteger", "MatMulInteger", "QGemm", "QAttention", "DynamicQuantizeMatMul", "MatMulNBits")
+
+
+def quantized_nodes(path: Path) -> int:
+    """How many of QUANTIZED_OPS the file's main graph holds (its weights are not read)."""
+    return _count(onnx.load(str(path), load_external_data=False), QUANTIZED_OPS)
+
+
 def check_supported(mode: str) -> None:
     """Refuse a precision this lowering cannot make, before any work is done."""
     if mode not in PRECISIONS:

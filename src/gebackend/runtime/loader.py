@@ -43,7 +43,9 @@ def load_executor(
     # applies it itself; the lowered file lives in the precision cache, shared by instances and restarts
     original = spec.path
     if mode != "origin" and not engine_kind.lowers(mode) and not getattr(providers, "lowers_precision", False):
-        spec, precision = _lower(spec, engine_kind, log, defaults)
+        spec, precision = _already_int8(spec, log) if mode == "int8" else (spec, "")
+        if not precision:
+            spec, precision = _lower(spec, engine_kind, log, defaults)
     # the fp32 file a lowered model's answers are compared through (trim_padding's and the bucket padding's checks)
     fp32 = original if spec.options.engines.precision_mode != "origin" else None
     if lending is not None:
@@ -91,6 +93,20 @@ def _lower(spec: ModelSpec, engine_kind, log: Callable[[str], None],
         log(f"precision {mode}: WARNING cosine similarity {report.cosine:.4f} to fp32 is below 0.99; "
             f"check the outputs or use precision_mode=origin")
     return dataclasses.replace(spec, path=lowered.path), f"precision {label} (cosine {report.cosine:.6f} to fp32), "
+
+
+def _already_int8(spec: ModelSpec, log: Callable[[str], None]) -> tuple[ModelSpec, str]:
+    """precision_mode=int8 on a file quantized already: served as its producer quantized it (quantizing it again fails
+    on ONNX Runtime, duplicate node names, and quantizes NNCF's output twice); the spec as it is and "" otherwise."""
+    from gebackend.compile.precision import quantized_nodes
+
+    nodes = quantized_nodes(spec.path)
+    if not nodes:
+        return spec, ""
+    log(f"precision int8: the file is quantized already ({nodes} quantization node(s): QuantizeLinear/DequantizeLinear, "
+        f"QLinear*, *Integer): served as it is, int8 where its producer quantized it")
+    serving = dataclasses.replace(spec, options=spec.options.replace(precision_mode="origin"))
+    return serving, "precision int8 (the file's own quantization), "
 
 
 def _file_shapes(spec: ModelSpec):
