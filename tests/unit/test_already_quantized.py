@@ -16,26 +16,16 @@ from gebackend.compile.precision import quantized_nodes
 from gebackend.config.onnx_signature import read_signature
 from gebackend.config.options import BackendOptions
 from gebackend.config.spec import build_model_spec
-from gebackend.modelzoo import build_resnet
+from gebackend.modelzoo import build_qdq_resnet, build_resnet
 from gebackend.runtime.loader import load_executor
 
 
 @pytest.fixture(scope="module")
 def qdq_file(tmp_path_factory):
-    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
-
     folder = tmp_path_factory.mktemp("qdq")
     source, quantized = folder / "fp32.onnx", folder / "model.onnx"
     onnx.save(build_resnet(width=8, image_size=32), str(source))
-    samples = iter([{"image": np.random.default_rng(i).standard_normal((1, 3, 32, 32)).astype(np.float32)}
-                    for i in range(4)])
-
-    class Reader(CalibrationDataReader):
-        def get_next(self):
-            return next(samples, None)
-
-    quantize_static(str(source), str(quantized), Reader(), quant_format=QuantFormat.QDQ, weight_type=QuantType.QInt8,
-                    per_channel=True)
+    onnx.save(build_qdq_resnet(), str(quantized))
     return source, quantized
 
 

@@ -23,7 +23,7 @@ from .misc import (
     build_spin,
 )
 from .ragged import RAGGED_SUM_CONFIG, build_ragged_sum
-from .resnet import build_resnet
+from .resnet import build_qdq_resnet, build_resnet
 from .stateful import ACCUMULATOR_CONTROLS, accumulator_reference, build_accumulator, build_streaming_gru
 
 __all__ = [
@@ -44,6 +44,7 @@ __all__ = [
     "build_mod_constant",
     "build_nonzero",
     "build_ragged_sum",
+    "build_qdq_resnet",
     "build_resnet",
     "build_row_scale",
     "build_scale_shift",

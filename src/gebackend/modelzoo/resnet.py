@@ -1,6 +1,7 @@
 """ResNet-style CNN image classifier built in code (random He-initialised weights).
 
-Owns ``build_resnet``: image ``[batch, 3, H, W]`` float32 -> ``logits`` ``[batch, num_classes]``.
+Owns ``build_resnet``: image ``[batch, 3, H, W]`` float32 -> ``logits`` ``[batch, num_classes]``, and
+``build_qdq_resnet``: the same model as ONNX Runtime's ``quantize_static`` writes it (a user's int8 file).
 """
 
 from __future__ import annotations
@@ -54,3 +55,27 @@ def build_resnet(
         [tensor_info("logits", FLOAT, ["batch", num_classes])],
         doc="ResNet-style classifier with random weights (gebackend example model).",
     )
+
+
+def build_qdq_resnet(width: int = 8, image_size: int = 32, samples: int = 4) -> onnx.ModelProto:
+    """``build_resnet(width, image_size)`` quantized by ONNX Runtime's ``quantize_static`` (QDQ, int8 per-channel
+    weights) on ``samples`` seeded random images."""
+    import tempfile
+    from pathlib import Path
+
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+
+    feeds = iter([{"image": np.random.default_rng(i).standard_normal((1, 3, image_size, image_size)).astype(np.float32)}
+                  for i in range(samples)])
+
+    class Reader(CalibrationDataReader):
+        def get_next(self):
+            return next(feeds, None)
+
+    with tempfile.TemporaryDirectory() as scratch:
+        source, quantized = Path(scratch) / "fp32.onnx", Path(scratch) / "int8.onnx"
+        onnx.save(build_resnet(width=width, image_size=image_size), str(source))
+        quantize_static(str(source), str(quantized), Reader(), quant_format=QuantFormat.QDQ,
+                        weight_type=QuantType.QInt8, per_channel=True)
+        return onnx.load(str(quantized))
+
