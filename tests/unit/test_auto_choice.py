@@ -3,6 +3,7 @@ model; and the accuracy guard that serves fp32 when a lowered model is too far f
 
 from __future__ import annotations
 
+import importlib.util
 import os
 
 import numpy as np
@@ -215,3 +216,31 @@ def test_the_guard_serves_fp32_when_the_lowered_model_is_too_far(bert_dir):
             np.testing.assert_allclose(got[name], value, rtol=1e-5, atol=1e-5)  # exact fp32, not int8
     finally:
         instance.close()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("openvino") is None, reason="OpenVINO is not installed")
+def test_engine_auto_falls_back_to_onnxruntime_for_a_model_openvino_cannot_read(tmp_path, monkeypatch):
+    from gebackend.errors import ModelLoadError
+    from gebackend.modelzoo.misc import build_zipmap_classifier
+
+    folder = tmp_path / "classifier" / "1"
+    folder.mkdir(parents=True)
+    onnx.save(build_zipmap_classifier((0, 1, 2)), str(folder / "model.onnx"))  # ai.onnx.ml: OpenVINO has no LinearClassifier
+    # whatever this CPU is, engine=auto takes OpenVINO here (as it does for bf16, or int8 of a convolution model)
+    monkeypatch.setattr(auto_choice, "auto_engine", lambda precision, path: ("openvino", "forced by the test"))
+    log = Log()
+    instance = ModelInstance.load(_config("classifier", engine="auto"), folder, InstanceInfo("classifier_0"), log,
+                                  pin=False)
+    try:
+        said = [m for _, m in log.lines if "engine=auto: OpenVINO cannot serve this model" in m]
+        assert len(said) == 1 and "LinearClassifier" in said[0] and said[0].endswith("; onnxruntime instead"), log.lines
+        assert instance.spec.options.engines.engine == "onnxruntime"
+        features = np.random.default_rng(4).standard_normal((2, 4)).astype(np.float32)
+        got = instance.execute([{"features": features}])[0]
+        _, maps = ort.InferenceSession(str(folder / "model.onnx")).run(None, {"features": features})
+        np.testing.assert_allclose(got["probabilities"], [[row[k] for k in (0, 1, 2)] for row in maps], rtol=1e-6)
+    finally:
+        instance.close()
+    with pytest.raises(ModelLoadError, match="OpenVINO cannot read .*LinearClassifier"):  # named, it is not replaced
+        ModelInstance.load(_config("classifier", engine="openvino"), folder, InstanceInfo("classifier_0"), Log(),
+                           pin=False)

@@ -37,7 +37,7 @@ from gebackend.runtime.sequence_state import SequenceKey, SequenceStates
 from gebackend.control.heartbeat import Heartbeat
 from gebackend.control.timing_lock import loading
 from gebackend.control.env import control_dir, server_temp_parent
-from gebackend.errors import ConfigError
+from gebackend.errors import ConfigError, ModelLoadError
 
 
 class InstanceLog(Protocol):
@@ -111,11 +111,24 @@ class ModelInstance:
         path = served_locale(path, signature, say, server_temp_parent())  # StringNormalizer: a locale this machine has
         path = served_unzipped(path, signature, say, server_temp_parent())  # a classifier's ZipMap: its tensor
         options, ledger, lending = _pin(name, instance, config, parsed.options, log) if pin else (parsed.options, None, None)
+        pinned = options
         options = _resolve_auto(options, path, signature, say)
-        spec = build_model_spec(config, signature, path, options, source=in_repository)
-        providers = select_providers(spec, instance.kind, instance.device_id, model_path=in_repository,
-                                     instance_index=_instance_index(name, instance, config))
-        executor, how = load_executor(spec, providers, say, lending, defaults.values)
+
+        def load(options: BackendOptions):
+            spec = build_model_spec(config, signature, path, options, source=in_repository)
+            providers = select_providers(spec, instance.kind, instance.device_id, model_path=in_repository,
+                                         instance_index=_instance_index(name, instance, config))
+            return spec, load_executor(spec, providers, say, lending, defaults.values)
+
+        try:
+            spec, (executor, how) = load(options)
+        except ModelLoadError as exc:
+            if not _auto_openvino(pinned, options):
+                raise
+            # engine=auto took OpenVINO, which cannot serve this model (an operator it lacks: ai.onnx.ml, ONNX local
+            # functions, contrib ops): ONNX Runtime runs every ONNX operator
+            say(f"engine=auto: OpenVINO cannot serve this model ({exc}); onnxruntime instead")
+            spec, (executor, how) = load(_resolve_auto(pinned.replace(engine="onnxruntime"), path, signature, say))
         seconds = time.perf_counter() - started
         log.info(f"gebackend: model '{name}' instance '{instance.name}' loaded {path.name} in {seconds:.2f}s: "
                  f"max_batch_size={spec.max_batch_size}, {how}")
@@ -287,6 +300,11 @@ def _instance_index(name: str, instance: InstanceInfo, config: Mapping[str, Any]
     from gebackend.runtime.pinning import instance_position
 
     return instance_position(name, instance.name, config.get("instance_group") or [], instance.device_id).index
+
+
+def _auto_openvino(written: BackendOptions, resolved: BackendOptions) -> bool:
+    """Whether OpenVINO serves this model because `engine=auto` chose it (not because the user named it)."""
+    return written.engines.engine == "auto" and resolved.engines.engine == "openvino"
 
 
 def _onnxruntime_only(options: BackendOptions, signature: Signature) -> tuple[str, str] | None:
