@@ -83,6 +83,23 @@ def test_nncf_int8_run_by_openvino_is_qdq_and_close_to_fp32(model, tmp_path):
     assert any(f"overflow_fix={fix}" in line for line in lines), lines
 
 
+def test_nncf_quantizes_a_model_zoo_opset_9_file_converted_to_opset_13(tmp_path):
+    ov = pytest.importorskip("openvino")
+    pytest.importorskip("nncf")
+    from gebackend.compile.upgrade import default_opset
+    from tests.unit.test_static_engine import _legacy_cnn
+
+    path, out = tmp_path / "legacy.onnx", tmp_path / "q.onnx"
+    onnx.save(_legacy_cnn(9), str(path))  # IR 3, every weight also a graph input, opset 9: NNCF refuses < 10
+    lines = []
+    nodes = quantize_static.quantize("nncf", path, out, random_samples(path, 16), lines.append)
+    assert lines[0] == ("precision int8: NNCF quantizes opset 10 and newer: the model's opset 9 converted to 13 with "
+                        "onnx.version_converter first"), lines
+    assert nodes > 0 and default_opset(onnx.load(str(out))) == 13
+    compiled = ov.Core().compile_model(str(out), "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
+    assert _fresh_cosine(path, lambda feeds: compiled(feeds)[0]) >= 0.99
+
+
 def test_ort_types_follow_this_cpus_flags():
     activation, weight, reduce_range, why = quantize_static.ort_types()
     machine = platform.machine().lower()

@@ -207,7 +207,7 @@ def quantize_nncf(path: Path, out: Path, samples: Sequence[dict], log: Callable[
     """NNCF static QDQ int8 of `path` (its ONNX backend) written to `out`; the number of QDQ nodes."""
     nncf = _import_nncf()
     large = _large(path)
-    model = onnx.load(str(path))
+    model = _nncf_opset(onnx.load(str(path)), log)
     transformer = is_transformer(model)
     preset = nncf.QuantizationPreset.MIXED if transformer else nncf.QuantizationPreset.PERFORMANCE
     kwargs = {"model_type": nncf.ModelType.TRANSFORMER} if transformer else {}
@@ -231,6 +231,29 @@ def quantize_nncf(path: Path, out: Path, samples: Sequence[dict], log: Callable[
         f"({'Softmax and MatMul found' if transformer else 'no attention pattern'}), {len(samples)} calibration "
         f"sample(s)), {why}: {nodes} QuantizeLinear/DequantizeLinear node(s){_NONE if nodes == 0 else ''}")
     return nodes
+
+
+NNCF_MIN_OPSET = 10  # NNCF's ONNX backend refuses older files ("ONNX models with opset version < 10 do not support ...")
+NNCF_UPGRADE_OPSET = 13
+
+
+def _nncf_opset(model: onnx.ModelProto, log: Callable[[str], None]) -> onnx.ModelProto:
+    """`model`, converted to opset 13 first when its opset is one NNCF refuses (model-zoo files are opset 7-9)."""
+    from gebackend.compile import upgrade
+
+    opset = upgrade.default_opset(model)
+    if opset is None or opset >= NNCF_MIN_OPSET:
+        return model
+    try:
+        converted = upgrade.upgrade_opset(model, NNCF_UPGRADE_OPSET)
+    except Exception as exc:  # noqa: BLE001 - an adapter onnx.version_converter lacks, a free dim it refuses
+        raise ModelLoadError(
+            f"precision_mode=int8: NNCF quantizes opset {NNCF_MIN_OPSET} and newer, and converting this model's opset "
+            f"{opset} to {NNCF_UPGRADE_OPSET} with onnx.version_converter failed: {_short(exc)}; serve it with "
+            f"engine=onnxruntime (ONNX Runtime's quantizer), or precision_mode=origin") from None
+    log(f"precision int8: NNCF quantizes opset {NNCF_MIN_OPSET} and newer: the model's opset {opset} converted to "
+        f"{NNCF_UPGRADE_OPSET} with onnx.version_converter first")
+    return converted
 
 
 def _short(exc: BaseException) -> str:

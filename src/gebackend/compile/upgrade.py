@@ -59,7 +59,8 @@ def upgrade_opset(model: onnx.ModelProto, target: int = MIN_FOLD_OPSET) -> onnx.
     """A copy of `model` converted to default-domain opset `target` (raises what onnx.version_converter raises)."""
     from onnx import version_converter
 
-    converted = version_converter.convert_version(channel_slopes(model), target)
+    old = default_opset(model)
+    converted = version_converter.convert_version(channel_slopes(model) if old is not None and old < 7 else model, target)
     return raise_ir_version(converted)
 
 
