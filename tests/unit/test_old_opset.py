@@ -52,8 +52,10 @@ def test_an_opset_6_add_is_served_converted_and_says_so(tmp_path):
     engine.close()
 
 
-@pytest.mark.parametrize("static", [False, True], ids=["dynamic", "static"])
-def test_prelu_keeps_its_per_channel_slope_where_opset_7_would_broadcast_it_over_the_last_axis(static, tmp_path):
+@pytest.mark.parametrize("static, precision", [(False, "origin"), (True, "origin"), (False, "int8")],
+                         ids=["dynamic", "static", "dynamic-int8"])
+def test_prelu_keeps_its_per_channel_slope_where_opset_7_would_broadcast_it_over_the_last_axis(static, precision,
+                                                                                              tmp_path):
     # [2, 3, 3]: the slope's 3 values fit the last axis too, so without the Unsqueeze the answer is silently wrong
     from gebackend.config.onnx_signature import read_signature
     from gebackend.config.spec import build_model_spec
@@ -63,8 +65,12 @@ def test_prelu_keeps_its_per_channel_slope_where_opset_7_would_broadcast_it_over
     path = tmp_path / "model.onnx"
     onnx.save(_prelu_model([2, 3, 3], slope), str(path))
     spec = build_model_spec({"name": "prelu", "max_batch_size": 0}, read_signature(path), path,
-                            BackendOptions.make(static_model=static, intra_op_thread_count=1))
-    executor, _ = load_executor(spec)
+                            BackendOptions.make(static_model=static, precision_mode=precision, intra_op_thread_count=1))
+    lines: list[str] = []
+    executor, how = load_executor(spec, log=lines.append)
+    if precision == "int8":  # lowered from the converted file, and checked against it (ONNX Runtime runs opset 7)
+        assert any(line.startswith("precision int8: lowered from the file converted from opset 6 to 7") for line in lines)
+        assert "cosine 1.000000 to fp32" in how, how
     x = -np.ones((2, 3, 3), np.float32)
     (answer,) = executor.execute([{"x": x}])
     want = x * np.asarray(slope, np.float32).reshape(1, 3, 1)  # channel c scaled by slope[c]

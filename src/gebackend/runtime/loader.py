@@ -67,6 +67,7 @@ def _lower(spec: ModelSpec, engine_kind, log: Callable[[str], None],
     from gebackend.compile.precision_cache import lowered_model
     from gebackend.engines.cpu import precision_run
 
+    spec = _lowerable(spec, log)
     mode = spec.options.engines.precision_mode
     guard = spec.options.engines.precision_min_cosine
     shapes = _file_shapes(spec) if spec.static else None
@@ -93,6 +94,26 @@ def _lower(spec: ModelSpec, engine_kind, log: Callable[[str], None],
         log(f"precision {mode}: WARNING cosine similarity {report.cosine:.4f} to fp32 is below 0.99; "
             f"check the outputs or use precision_mode=origin")
     return dataclasses.replace(spec, path=lowered.path), f"precision {label} (cosine {report.cosine:.6f} to fp32), "
+
+
+def _lowerable(spec: ModelSpec, log: Callable[[str], None]) -> ModelSpec:
+    """The quantizers and the accuracy check run ONNX Runtime on the file, which has no opset-6 Add, Gemm or PRelu: a
+    file below opset 7 is lowered from its conversion to opset 7 (compile/upgrade.py, as the engines serve it), or
+    from the file as it is when the conversion fails."""
+    from gebackend.compile.upgrade import MIN_FOLD_OPSET, upgraded_copy
+
+    mode = spec.options.engines.precision_mode
+    try:
+        upgraded = upgraded_copy(spec.path, server_temp_parent())
+    except ModelLoadError as exc:
+        log(f"precision {mode}: {exc}; lowered from the file as it is")
+        return spec
+    if upgraded is None:
+        return spec
+    path, old = upgraded
+    log(f"precision {mode}: lowered from the file converted from opset {old} to {MIN_FOLD_OPSET} with "
+        f"onnx.version_converter (the quantizers and the accuracy check run ONNX Runtime, which has no opset-{old} kernels)")
+    return dataclasses.replace(spec, path=path)
 
 
 def _already_int8(spec: ModelSpec, log: Callable[[str], None]) -> tuple[ModelSpec, str]:
