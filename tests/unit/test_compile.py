@@ -223,6 +223,17 @@ def test_doctor_describes_a_big_constant_by_shape_and_says_it_stays():
     assert analyze(build_constant_of_shape_weight(16), size_limit=None).foldable[0].folded is True
 
 
+def test_doctor_names_an_onnx_ml_op_as_such_not_as_a_custom_op():
+    from pathlib import Path
+
+    import onnxruntime
+
+    iris = onnx.load(str(Path(onnxruntime.__file__).parent / "datasets" / "logreg_iris.onnx"))  # ai.onnx.ml only
+    brk = analyze(iris).first_break
+    assert brk is not None and brk.reason == ("ONNX-ML op ai.onnx.ml::LinearClassifier: onnx's shape inference does not "
+                                              "resolve its outputs"), brk
+
+
 def test_doctor_nonzero_breaks_static_with_a_data_dependent_shape():
     report = analyze(build_nonzero(), {"x": [2, 4]})
     assert report.unresolved_inputs == []

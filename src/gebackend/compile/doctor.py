@@ -170,6 +170,8 @@ def _break_reason(
         if axis is None:
             return f"input '{name}' has no known shape ({where})"
         return f"input '{name}' has unresolved dim {axis}" + (f" ('{param}')" if param else "") + f" ({where})"
+    if node.domain == "ai.onnx.ml":  # a standard domain: onnx infers most of its ops, not all of their outputs
+        return f"ONNX-ML op {node.domain}::{op}: onnx's shape inference does not resolve its outputs"
     if node.domain not in DEFAULT_DOMAINS:
         return f"custom op {node.domain}::{op}: no shape inference for it"
     for position in VALUE_DEPENDENT.get(op, ()):
