@@ -55,6 +55,9 @@ def test_a_zipmap_another_node_reads_or_none_at_all_changes_nothing(tmp_path):
     graph.node.append(helper.make_node("SequenceLength", ["probabilities"], ["rows"]))
     graph.output.append(helper.make_tensor_value_info("rows", onnx.TensorProto.INT64, []))
     assert unzipped(model) is None
+    also = build_zipmap_classifier()  # the mapped tensor is an output of its own: the ZipMap cannot take its place
+    also.graph.output.append(helper.make_tensor_value_info("probability_tensor", onnx.TensorProto.FLOAT, ["N", 3]))
+    assert unzipped(also) is None
     with pytest.raises(ConfigError, match="output 'probabilities' is a sequence_type, only tensors can be served"):
         signature_of(model)
     plain = tmp_path / "plain.onnx"

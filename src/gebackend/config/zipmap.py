@@ -27,12 +27,15 @@ _ML_DOMAIN = "ai.onnx.ml"
 
 
 def _zipmaps(model: onnx.ModelProto) -> list[onnx.NodeProto]:
-    """The ZipMap nodes whose (sequence) output is a graph output that no other node reads."""
-    outputs = {v.name for v in model.graph.output if v.type.WhichOneof("value") == "sequence_type"}
-    read = {name for node in model.graph.node for name in node.input}
-    return [node for node in model.graph.node
+    """The ZipMap nodes whose (sequence) output is a graph output that no other node reads, of a tensor a node makes
+    that is no graph output itself (it takes the ZipMap's output name)."""
+    graph = model.graph
+    outputs = {v.name for v in graph.output if v.type.WhichOneof("value") == "sequence_type"}
+    read = {name for node in graph.node for name in node.input}
+    made = {name for node in graph.node for name in node.output} - {v.name for v in graph.output}
+    return [node for node in graph.node
             if node.op_type == "ZipMap" and node.domain == _ML_DOMAIN and node.output[0] in outputs
-            and node.output[0] not in read]
+            and node.output[0] not in read and node.input[0] in made]
 
 
 def class_labels(node: onnx.NodeProto) -> list:
