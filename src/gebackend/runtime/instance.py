@@ -18,6 +18,7 @@ from typing import Any, Callable, Mapping, Protocol, Sequence
 import numpy as np
 
 from gebackend.config.io_names import aliased_model
+from gebackend.config.local_functions import served_inlined
 from gebackend.config.model_file import find_model_file
 from gebackend.config.onnx_signature import Signature, read_signature
 from gebackend.config.normalizer_locale import served_locale
@@ -115,7 +116,8 @@ class ModelInstance:
         options = _resolve_auto(options, path, signature, say)
 
         def load(options: BackendOptions):
-            spec = build_model_spec(config, signature, path, options, source=in_repository)
+            served = served_inlined(path, options.engines.engine, say, server_temp_parent())  # OpenVINO: no functions
+            spec = build_model_spec(config, signature, served, options, source=in_repository)
             providers = select_providers(spec, instance.kind, instance.device_id, model_path=in_repository,
                                          instance_index=_instance_index(name, instance, config))
             return spec, load_executor(spec, providers, say, lending, defaults.values)
@@ -125,8 +127,8 @@ class ModelInstance:
         except ModelLoadError as exc:
             if not _auto_openvino(pinned, options):
                 raise
-            # engine=auto took OpenVINO, which cannot serve this model (an operator it lacks: ai.onnx.ml, ONNX local
-            # functions, contrib ops): ONNX Runtime runs every ONNX operator
+            # engine=auto took OpenVINO, which cannot serve this model (an operator it lacks: ai.onnx.ml, contrib ops):
+            # ONNX Runtime runs every ONNX operator
             say(f"engine=auto: OpenVINO cannot serve this model ({exc}); onnxruntime instead")
             spec, (executor, how) = load(_resolve_auto(pinned.replace(engine="onnxruntime"), path, signature, say))
         seconds = time.perf_counter() - started
