@@ -8,11 +8,13 @@ PyTorch exports, small hand-built models, nine model-zoo architectures). Each ca
 - on the plain engine: `onnxruntime.InferenceSession` on the file, or `openvino.Core().compile_model` on it
   with `INFERENCE_PRECISION_HINT=f32` (what `precision_mode=origin` asks; OpenVINO's default on a CPU with
   bf16 support is bf16, which no case's tolerance allows);
-- through gebackend exactly as a server loads it: a `ModelSpec` built by `config.spec.build_model_spec` from
-  a config with the case's input shapes (static mode: `static_model=1`, so every shape is fixed; dynamic
-  mode: the dims the file leaves open stay -1), then `runtime.loader.load_executor` (static: specialise ->
-  upgrade -> fold -> engine through `compile/pipeline.compile_static` and `engines.create_static_engine`;
-  dynamic: `engines.create_engine`) and `Executor.execute` on one request, as the Triton adapter calls it.
+- through gebackend exactly as a Triton instance loads it: `runtime.instance.ModelInstance.load` with a config
+  holding the case's input shapes (static mode: `static_model=1`, so every shape is fixed; dynamic mode: the dims
+  the file leaves open stay -1), which makes the model copies a server makes (optional inputs as constants, a
+  StringNormalizer's missing locale, ZipMap outputs, local functions for OpenVINO), then `runtime.loader.load_executor`
+  (static: specialise -> upgrade -> fold -> engine through `compile/pipeline.compile_static` and
+  `engines.create_static_engine`; dynamic: `engines.create_engine`), and `ModelInstance.execute` on one request, as
+  the Triton adapter calls it.
 
 Outputs are compared as onnx's own backend test runner does (`assert_similar_outputs`): same count, shapes
 and dtypes, strings equal, numbers within the case's rtol/atol. A case gebackend cannot serve at all (a
@@ -257,44 +259,50 @@ def _config(case: Case, path: Path, static: bool) -> dict[str, Any]:
 def empty_buckets(case: Case) -> dict[str, str]:
     """Static mode, a case with an empty input: Triton's config cannot fix a dim to 0, so its static graph is
     compiled for 1 there (a shape bucket) and the request, which fits no bucket, runs on the dynamic fallback
-    (`bucket_fallback=dynamic`), as a server serves it. No options for other cases."""
+    (`bucket_fallback=dynamic`), as a server serves it: config.pbtxt parameters. None for other cases."""
     shapes = {name: list(np.shape(value)) for name, value in feeds(case).items()}
     if not any(0 in shape for shape in shapes.values()):
         return {}
-    return {"input_shape": ";".join(f"{name}:{','.join('-1' if d == 0 else str(d) for d in shape)}"
-                                    for name, shape in shapes.items()),
-            "dynamic_dims": ",".join("1" for shape in shapes.values() for d in shape if d == 0),
+    return {"graph.ge.inputShape": ";".join(f"{name}:{','.join('-1' if d == 0 else str(d) for d in shape)}"
+                                            for name, shape in shapes.items()),
+            "graph.ge.dynamicDims": ",".join("1" for shape in shapes.values() for d in shape if d == 0),
             "bucket_fallback": "dynamic"}
 
 
 def run_ours(engine: str, mode: str, case: Case, path: Path, log=None) -> str | None:
     """None when gebackend (load as a server does, then one request) reproduces the reference outputs, else why not."""
-    from gebackend.config.onnx_signature import read_signature
-    from gebackend.config.options import BackendOptions
-    from gebackend.config.spec import build_model_spec
     from gebackend.errors import GeBackendError
-    from gebackend.runtime.loader import load_executor
+    from gebackend.runtime.instance import InstanceInfo, ModelInstance
 
     lines: list[str] = [] if log is None else log
-    options = BackendOptions.make(engine=engine, static_model=mode == "static", intra_op_thread_count=1,
-                                  **(empty_buckets(case) if mode == "static" else {}))
+    static = mode == "static"
+    parameters = {"engine": engine, "static_model": "1" if static else "0", "intra_op_thread_count": "1",
+                  **(empty_buckets(case) if static else {})}
+    config = {**_config(case, path, static), "backend": "ge",
+              "parameters": {key: {"string_value": value} for key, value in parameters.items()}}
+
+    class _Log:
+        def info(self, message: str) -> None:
+            lines.append(message)
+
+        warn = info
+
     try:
-        spec = build_model_spec(_config(case, path, mode == "static"), read_signature(path), path, options)
-        executor, _ = load_executor(spec, log=lines.append)
+        instance = ModelInstance.load(config, path.parent, InstanceInfo(f"{case.name}_0"), _Log(), pin=False)
     except GeBackendError as exc:
         return f"load refused: {exc}"
     except Exception as exc:  # noqa: BLE001 - exactly what must never happen
         return f"load CRASHED (a dependency's exception reached the caller): {_first_line(exc)}"
     try:
         try:
-            (result,) = executor.execute([feeds(case)])
+            (result,) = instance.execute([feeds(case)])
         except Exception as exc:  # noqa: BLE001
             return f"request CRASHED: {_first_line(exc)}"
         if isinstance(result, Exception):
             return f"request failed: {result}"
         return compare(case.outputs, [result.get(o.name) for o in case.model.graph.output], case.rtol, case.atol)
     finally:
-        executor.close()
+        instance.close()
 
 
 # ------------------------------------------------------------------------------------------ the whole corpus

@@ -23,11 +23,6 @@ WIRE = {np.dtype(t): w for t, w in [(np.float32, "FP32"), (np.float64, "FP64"), 
                                      (np.int32, "INT32"), (np.int8, "INT8"), (np.uint8, "UINT8"), (np.bool_, "BOOL")]}
 
 
-# config.pbtxt's keys for the options corpus.empty_buckets gives (an empty input's static graph and its fallback)
-CONFIG_KEYS = {"input_shape": "graph.ge.inputShape", "dynamic_dims": "graph.ge.dynamicDims",
-               "bucket_fallback": "bucket_fallback"}
-
-
 def _eligible(case: corpus.Case, path) -> bool:
     arrays = [*case.inputs, *case.outputs]
     if any(not isinstance(a, np.ndarray) or a.dtype not in WIRE for a in arrays):
@@ -56,7 +51,7 @@ def sampled(tmp_path_factory):
             f'  {{ name: "{name}", data_type: {inputs[name].dtype.triton}, '
             f'dims: [ {", ".join(str(d or -1) for d in np.shape(v)) or "1"} ] }}'
             for name, v in corpus.feeds(case).items())
-        static = {"static_model": "1", **{CONFIG_KEYS[k]: v for k, v in corpus.empty_buckets(case).items()}}
+        static = {"static_model": "1", **corpus.empty_buckets(case)}
         static_extra = "".join(f'parameters {{ key: "{k}" value: {{ string_value: "{v}" }} }}\n' for k, v in static.items())
         for model, extra in ((case.name, ""), (f"{case.name}_static", static_extra)):
             (repo / model / "1").mkdir(parents=True)
