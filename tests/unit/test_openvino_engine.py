@@ -338,3 +338,31 @@ def test_profiling_writes_what_the_report_reads(model, mode, tmp_path):
     np.testing.assert_allclose(engine.run(after, model.outputs)[0], model.ort.run(model.outputs, after)[0],
                                rtol=RTOL, atol=ATOL)
     assert engine.stop_profiling() == []
+
+
+def test_an_input_openvinos_reader_renames_is_a_load_error_not_a_refusal_of_every_request(tmp_path):
+    """OpenVINO folds SequenceAt of a sequence it builds from the inputs down to input Y, and names that port after the
+    output: Y is gone (the onnx wheel's simple/test_sequence_model1)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from gebackend.config.onnx_signature import read_signature
+    from gebackend.config.spec import build_model_spec
+    from gebackend.errors import ModelLoadError
+    from gebackend.runtime.loader import load_executor
+
+    tensors = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [2, 3]) for n in ("X", "Y")]
+    nodes = [helper.make_node("SequenceConstruct", ["X", "Y"], ["seq"]), helper.make_node("SequenceAt", ["seq", "one"], ["out"])]
+    graph = helper.make_graph(nodes, "seq", tensors, [helper.make_tensor_value_info("out", TensorProto.FLOAT, [2, 3])],
+                              [numpy_helper.from_array(np.array(1, np.int64), "one")])
+    path = tmp_path / "model.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    spec = build_model_spec({"name": "seq", "max_batch_size": 0}, read_signature(path), path,
+                            BackendOptions.make(engine="openvino"))
+    with pytest.raises(ModelLoadError, match=r"engine=openvino lost the model's input\(s\) \['Y'\] \(its ports are named "
+                                             r"\['X', 'out'\]\).*serve it with engine=onnxruntime"):
+        load_executor(spec)
+    executor, _ = load_executor(build_model_spec({"name": "seq", "max_batch_size": 0}, read_signature(path), path,
+                                                 BackendOptions.make(engine="onnxruntime")))
+    x, y = np.zeros((2, 3), np.float32), np.ones((2, 3), np.float32)
+    np.testing.assert_array_equal(executor.execute([{"X": x, "Y": y}])[0]["out"], y)
+    executor.close()

@@ -123,6 +123,12 @@ class Engine(ABC):
         """One line for the load log: engine, device, main settings."""
         return self.name
 
+    def lost_inputs(self, names: Sequence[str]) -> str:
+        """Which of the model file's inputs `names` this engine takes under no name, and what it takes instead; ""
+        when it takes them all (always, unless its reader renamed one: the loader refuses such an engine, which would
+        refuse every request)."""
+        return ""
+
     def start_profiling(self, prefix: Path) -> None:
         """Profile every run from now on, writing the engine's own profile files under `prefix`."""
         raise NotImplementedError(f"the {self.name} engine cannot profile")

@@ -282,6 +282,13 @@ class OvEngine(Engine):
     def describe(self) -> str:
         return _describe(self._swap.serving, self.precision, "", self.device)
 
+    def lost_inputs(self, names: Sequence[str]) -> str:
+        """OpenVINO's reader names a port after an output where it folds a graph down to an input (the onnx wheel's
+        `sequence_model` cases: `SequenceAt` of a constructed sequence), and the input's own name is gone."""
+        compiled = self._swap.serving
+        lost = [name for name in names if name not in compiled.inputs]
+        return f"input(s) {lost} (its ports are named {compiled.input_names})" if lost else ""
+
     def close(self) -> None:
         self._swap.close()
         self._swap.serving = None

@@ -152,6 +152,11 @@ def _build(spec: ModelSpec, providers: Sequence, log: Callable[[str], None],
     output_names = [t.name for t in spec.outputs]
     if not spec.static:
         engine = create_engine(spec, providers)
+        lost = engine.lost_inputs([t.name for t in spec.inputs])
+        if lost:
+            engine.close()
+            raise ModelLoadError(f"engine={engine.name} lost the model's {lost} reading the file, so it would refuse every "
+                                 f"request; serve it with engine=onnxruntime")
         own = DynamicRunner(spec.name, engine, output_names)
         runner = own if lending is None else _lending_runner(spec, providers, own, lending, output_names, log)
         lent = f"; {lending.describe()}" if runner is not own else ""
