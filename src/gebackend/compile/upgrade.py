@@ -108,7 +108,7 @@ def upgraded_copy(path: Path, temp_parent: Path | None) -> tuple[Path, int] | No
     """For the dynamic graph: the file at `path` converted to opset `MIN_FOLD_OPSET` as a model copy
     (config/model_copy.py), and the opset it had; None when its opset is not below it. Raises `ModelLoadError` when
     the conversion fails."""
-    from gebackend.config.model_copy import write_model_copy
+    from gebackend.config.model_copy import served_copy
 
     model = onnx.load(str(path), load_external_data=False)
     if not needs_opset_upgrade(model):
@@ -119,10 +119,8 @@ def upgraded_copy(path: Path, temp_parent: Path | None) -> tuple[Path, int] | No
     except Exception as exc:  # noqa: BLE001 - an adapter onnx.version_converter lacks
         raise ModelLoadError(reason(exc, f"converting its opset {old} to {MIN_FOLD_OPSET} with onnx.version_converter "
                                          f"failed: ")) from None
-    try:
-        return write_model_copy(converted, Path(path), temp_parent, prefix=f"ge-opset{MIN_FOLD_OPSET}-"), old
-    except OSError as exc:
-        raise ModelLoadError(f"cannot write the copy of {path} converted to opset {MIN_FOLD_OPSET}: {exc}") from None
+    return served_copy(converted, Path(path), temp_parent, f"ge-opset{MIN_FOLD_OPSET}-",
+                       f"converted to opset {MIN_FOLD_OPSET}"), old
 
 
 class UpgradePass(GraphPass):

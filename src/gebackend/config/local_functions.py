@@ -32,9 +32,6 @@ def served_inlined(path: Path, engine: str, log: Callable[[str], None] = lambda 
         raise ModelLoadError(f"OpenVINO reads no ONNX local functions and inlining {names} failed: "
                              f"{type(exc).__name__}: {exc}; serve it with engine=onnxruntime") from None
     log(f"{len(names)} ONNX local function(s) {names} inlined for OpenVINO, which reads none")
-    from gebackend.config.model_copy import write_model_copy
+    from gebackend.config.model_copy import served_copy
 
-    try:
-        return write_model_copy(inlined, Path(path), temp_parent, prefix="ge-inlined-")
-    except OSError as exc:
-        raise ModelLoadError(f"cannot write the copy of {path} with its local functions inlined: {exc}") from None
+    return served_copy(inlined, Path(path), temp_parent, "ge-inlined-", "with its local functions inlined")

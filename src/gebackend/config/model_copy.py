@@ -96,6 +96,17 @@ def write_model_copy(model, path: Path, temp_parent: Path | None, prefix: str) -
     return copy
 
 
+def served_copy(model, path: Path, temp_parent: Path | None, prefix: str, change: str) -> Path:
+    """`write_model_copy` for a model's load: a copy it cannot write fails the load (`ModelLoadError`), naming the
+    file and the `change` the copy holds ("with its defaults resolved")."""
+    from gebackend.errors import ModelLoadError
+
+    try:
+        return write_model_copy(model, Path(path), temp_parent, prefix)
+    except OSError as exc:
+        raise ModelLoadError(f"cannot write the copy of {path} {change}: {exc}") from None
+
+
 @contextlib.contextmanager
 def _lock(root: Path):
     """The shared copy's lock (between the processes of one server): writing it, joining and leaving its users."""

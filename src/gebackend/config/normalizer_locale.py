@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Callable
 
 from gebackend.config.onnx_signature import Signature
-from gebackend.errors import ModelLoadError
 
 ORT_DEFAULT_LOCALE = "en_US.UTF-8"  # string_normalizer.cc, on Linux
 FALLBACK_LOCALE = "C.UTF-8"
@@ -69,9 +68,6 @@ def served_locale(path: Path, signature: Signature, log: Callable[[str], None] =
     log(f"StringNormalizer locale {', '.join(sorted(missing))} is not installed here (ONNX Runtime cannot load the model "
         f"with it): served with {FALLBACK_LOCALE}, the same Unicode case mapping; install the locale (Debian: the "
         f"`locales` package and locale-gen) to use it")
-    from gebackend.config.model_copy import write_model_copy
+    from gebackend.config.model_copy import served_copy
 
-    try:
-        return write_model_copy(model, Path(path), temp_parent, prefix="ge-locale-")
-    except OSError as exc:
-        raise ModelLoadError(f"cannot write the copy of {path} with its StringNormalizer locale changed: {exc}") from None
+    return served_copy(model, Path(path), temp_parent, "ge-locale-", "with its StringNormalizer locale changed")

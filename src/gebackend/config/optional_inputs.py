@@ -75,7 +75,7 @@ def served_model(config: Mapping[str, Any], path: Path, signature: Signature,
         return path, Defaults({})
     import onnx
 
-    from gebackend.config.model_copy import write_model_copy
+    from gebackend.config.model_copy import served_copy
 
     model = onnx.load(str(path), load_external_data=False)
     graph = model.graph
@@ -100,7 +100,4 @@ def served_model(config: Mapping[str, Any], path: Path, signature: Signature,
     if constants:
         log(f"{constants} initializer(s) listed as graph inputs but not in config.pbtxt served as constants "
             f"(foldable, prepacked)")
-    try:
-        return write_model_copy(model, Path(path), temp_parent, prefix="ge-defaults-"), Defaults(values)
-    except OSError as exc:
-        raise ModelLoadError(f"cannot write the copy of {path} with its defaults resolved: {exc}") from None
+    return served_copy(model, Path(path), temp_parent, "ge-defaults-", "with its defaults resolved"), Defaults(values)

@@ -18,8 +18,6 @@ from typing import TYPE_CHECKING, Callable
 
 import onnx
 
-from gebackend.errors import ModelLoadError
-
 if TYPE_CHECKING:
     from gebackend.config.onnx_signature import Signature
 
@@ -100,9 +98,6 @@ def served_unzipped(path: Path, signature: Signature, log: Callable[[str], None]
     for node in zipmaps:
         log(f"output '{node.output[0]}' is a ZipMap (a sequence of maps, which Triton cannot carry): served as the "
             f"tensor it maps, FP32 [rows, classes], columns in the order of the class labels {class_labels(node)}")
-    from gebackend.config.model_copy import write_model_copy
+    from gebackend.config.model_copy import served_copy
 
-    try:
-        return write_model_copy(served, Path(path), temp_parent, prefix="ge-unzipped-")
-    except OSError as exc:
-        raise ModelLoadError(f"cannot write the copy of {path} with its ZipMap outputs as tensors: {exc}") from None
+    return served_copy(served, Path(path), temp_parent, "ge-unzipped-", "with its ZipMap outputs as tensors")
