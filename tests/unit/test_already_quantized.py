@@ -16,6 +16,7 @@ from gebackend.compile.precision import quantized_nodes
 from gebackend.config.onnx_signature import read_signature
 from gebackend.config.options import BackendOptions
 from gebackend.config.spec import build_model_spec
+from gebackend.engines import cpu
 from gebackend.modelzoo import build_qdq_resnet, build_resnet
 from gebackend.runtime.loader import load_executor
 
@@ -52,7 +53,10 @@ def test_int8_serves_the_files_own_quantization(qdq_file, engine, quantization, 
     (answer,) = executor.execute([{"image": image}])
     want = ort.InferenceSession(str(path)).run(None, {"image": image})[0]
     cosine = float((answer["logits"] * want).sum() / np.linalg.norm(answer["logits"]) / np.linalg.norm(want))
-    assert cosine > 0.999, cosine  # OpenVINO's int8 kernels round differently from ONNX Runtime's
+    # OpenVINO's int8 kernels round differently from ONNX Runtime's; without VNNI (AVX2 only) its u8 x s8 products of
+    # this file's full 8-bit weights can saturate, as ONNX Runtime's do where it quantizes (compile/quantize_static.py)
+    bound = 0.999 if engine == "onnxruntime" or cpu.flags() & cpu.VNNI_FLAGS else 0.99
+    assert cosine > bound, (cosine, bound)
     if engine == "onnxruntime":
         np.testing.assert_allclose(answer["logits"], want, rtol=1e-5, atol=1e-5)
     executor.close()
