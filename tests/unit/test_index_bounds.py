@@ -176,12 +176,38 @@ def test_shape_with_start_and_end_gives_the_length_too():
     assert length_limits(_positions(nodes))["ids"][0].axis == 1
 
 
+CUT_TO_LENGTH = [*SEQ_LENGTH, helper.make_node("Unsqueeze", ["length", "zero_1d"], ["end"]),
+                 helper.make_node("Slice", ["buffer", "zero_1d", "end", "one_1d"], ["numbers"])]
+
+
+def _buffer(values):
+    return numpy_helper.from_array(np.asarray(values, dtype=np.int64)[None, :], "buffer")
+
+
 def test_a_stored_numbering_cut_to_the_length_limits_to_the_shorter_of_it_and_the_table():
     """Hugging Face's BERT: a stored `position_ids` [1, N] sliced to the length (a longer cut stops at its end)."""
-    buffer = numpy_helper.from_array(np.arange(30, dtype=np.int64)[None, :], "position_ids")
-    nodes = [*SEQ_LENGTH, helper.make_node("Unsqueeze", ["length", "zero_1d"], ["end"]),
-             helper.make_node("Slice", ["position_ids", "zero_1d", "end", "one_1d"], ["numbers"])]
-    assert length_limits(_positions(nodes, [buffer])) == {"ids": (LengthLimit(1, 30, "pos_table", "positions"),)}
+    limits = length_limits(_positions(CUT_TO_LENGTH, [_buffer(np.arange(30))]))
+    assert limits == {"ids": (LengthLimit(1, 30, "pos_table", "positions", "buffer"),)}
+    assert limits["ids"][0].describe().startswith("30 (the length of the stored 'buffer' cut to it"), limits
+    # a numbering longer than the table: the cut may be as long as its numbers stay inside the table's rows
+    assert length_limits(_positions(CUT_TO_LENGTH, [_buffer(np.arange(80))]))["ids"][0].most == ROWS
+
+
+def test_a_stored_buffer_of_zeros_cut_to_the_length_limits_only_to_its_own_length():
+    """Hugging Face's RoBERTa: its `token_type_ids` buffer [1, 130] of zeros sliced to the length and gathered from
+    a table of 2 rows. Any length up to 130 reads row 0: the table's 2 rows limit nothing (they did, refusing every
+    request longer than 2 tokens)."""
+    limits = length_limits(_positions(CUT_TO_LENGTH, [_buffer(np.zeros(130))], rows=2))
+    assert limits == {"ids": (LengthLimit(1, 130, "pos_table", "positions", "buffer"),)}
+    session = ort.InferenceSession(_positions(CUT_TO_LENGTH, [_buffer(np.zeros(130))], rows=2).SerializeToString(),
+                                   providers=["CPUExecutionProvider"])
+    session.run(None, {"ids": np.zeros((2, 7), np.int64)})  # what ONNX Runtime runs, the check lets through
+
+
+def test_a_buffer_whose_values_are_not_stored_in_the_file_limits_nothing():
+    buffer = _buffer(np.zeros(130))
+    buffer.data_location = TensorProto.EXTERNAL
+    assert length_limits(_positions(CUT_TO_LENGTH, [buffer], rows=2)) == {}
 
 
 @pytest.mark.parametrize("start,step", [("one", "one"), ("zero", "two")])

@@ -17,10 +17,13 @@ read, not subgraphs.
 A length is bounded the same way: a text model numbers its positions with `Range(0, n)`, `n` the length of an
 input (`Gather(Shape(input_ids), 1)`), and gathers those numbers from its position table, so an input longer than
 that table has rows fails inside the engine ("indices element out of data bounds"), after the request was taken as
-valid. `length_limits` finds that pattern (the `Range` from 0 in steps of 1, or a stored numbering cut to the
+valid. `length_limits` finds that pattern (the `Range` from 0 in steps of 1, or a stored buffer cut to the
 length with `Slice` as Hugging Face's BERT exports it, through the ops above and `Expand`) and says, per input,
 which axis may be at most how long; the request check refuses longer ones (400), and a shape bucket longer than the
-table is a config error at load.
+table is a config error at load. A cut buffer's own values are what the `Gather` reads: its `position_ids` number
+0..N-1, but RoBERTa's `token_type_ids` buffer is all zeros, which any length up to the buffer's reads from a table of
+2 rows; so the limit is the longest cut whose values all lie in the table's rows (a buffer whose values cannot be
+read limits nothing).
 
 `out_of_bounds` finds the first value outside a bound with `first_outside`, which the OpenVINO engine's check of
 64-bit inputs it computes in 32 bits (engines/openvino.py) uses too.
@@ -60,14 +63,19 @@ class IndexBound:
 @dataclass(frozen=True)
 class LengthLimit:
     """Axis `axis` (counted with the batch axis) of an input may be at most `most` long: it numbers the rows of
-    `table` that Gather `node` reads."""
+    `table` that Gather `node` reads, directly or through the stored buffer `cut` sliced to that length, where the
+    buffer's length or values are what limit it."""
 
     axis: int
     most: int
     table: str
     node: str
+    cut: str = ""
 
     def describe(self) -> str:
+        if self.cut:
+            return (f"{self.most} (the length of the stored '{self.cut}' cut to it, whose values Gather "
+                    f"'{self.node}' reads from '{self.table}')")
         return f"{self.most} (the rows of position table '{self.table}' that Gather '{self.node}' reads)"
 
 
@@ -104,6 +112,8 @@ def length_limits(model: onnx.ModelProto) -> dict[str, tuple[LengthLimit, ...]]:
     constants = _scalar_constants(model)
     ranks = {v.name: len(v.type.tensor_type.shape.dim) for v in graph.input
              if v.type.HasField("tensor_type") and v.type.tensor_type.HasField("shape")}
+    tensors = {init.name: init for init in graph.initializer if init.name in stored}
+    tensors.update(_constant_node_tensors(graph))
     found: dict[tuple[str, int], LengthLimit] = {}
     for node in graph.node:
         if node.op_type != "Gather" or len(node.input) < 2 or node.input[0] not in stored:
@@ -113,12 +123,12 @@ def length_limits(model: onnx.ModelProto) -> dict[str, tuple[LengthLimit, ...]]:
         if not dims or not -len(dims) <= axis < len(dims) or dims[axis] <= 0:
             continue
         numbering = _back_through(node.input[1], producers, _SAME_OR_REPEATED)
-        found_here = _numbered_length(numbering, producers, constants, ranks, stored) if numbering else None
+        found_here = _numbered_length(numbering, producers, constants, ranks, tensors, int(dims[axis])) \
+            if numbering else None
         if found_here is None:
             continue
-        name, input_axis, most = found_here
-        most = int(dims[axis]) if most is None else min(most, int(dims[axis]))
-        limit_here = LengthLimit(input_axis, most, node.input[0], node.name or node.output[0])
+        name, input_axis, most, cut = found_here
+        limit_here = LengthLimit(input_axis, most, node.input[0], node.name or node.output[0], cut)
         known = found.get((name, input_axis))
         if known is None or limit_here.most < known.most:
             found[(name, input_axis)] = limit_here
@@ -129,30 +139,53 @@ def length_limits(model: onnx.ModelProto) -> dict[str, tuple[LengthLimit, ...]]:
 
 
 def _numbered_length(node: onnx.NodeProto, producers: dict[str, onnx.NodeProto], constants: dict[str, int],
-                     ranks: dict[str, int], stored: dict[str, tuple[int, ...]]) -> tuple[str, int, int | None] | None:
-    """(input, axis, at most) when `node` numbers 0..n-1 for n the length of an input's axis: `Range(0, n, 1)`
-    (torch's `arange`, at most the table's rows), or `Slice(stored, 0, n)` along one axis in steps of 1 (a stored
-    `position_ids` buffer cut to the length, as Hugging Face's BERT exports: at most the buffer's length, since a
-    longer cut stops at its end)."""
+                     ranks: dict[str, int], tensors: dict[str, onnx.TensorProto],
+                     rows: int) -> tuple[str, int, int, str] | None:
+    """(input, axis, at most, the buffer cut) when `node` gives, for n the length of an input's axis, the n numbers
+    a Gather reads from a table of `rows` rows: `Range(0, n, 1)` (torch's `arange`: at most `rows`, no buffer), or
+    `Slice(buffer, 0, n)` along one axis in steps of 1 (a stored buffer cut to the length, as Hugging Face's
+    exports do: at most the longest cut whose values all lie in the table's rows, and never longer than the buffer,
+    since a longer cut stops at its end)."""
     if node.op_type == "Range" and len(node.input) == 3:
         start, limit, delta = node.input
         if constants.get(start) != 0 or constants.get(delta) != 1:
             return None
         length = _length_of(limit, producers, constants, ranks)
-        return None if length is None else (*length, None)
-    if node.op_type == "Slice" and 3 <= len(node.input) <= 5 and node.input[0] in stored:
+        return None if length is None else (*length, rows, "")
+    if node.op_type == "Slice" and 3 <= len(node.input) <= 5 and node.input[0] in tensors:
         data, start, end = node.input[:3]
         axes = node.input[3] if len(node.input) > 3 and node.input[3] else None
         steps = node.input[4] if len(node.input) > 4 and node.input[4] else None
         if constants.get(start) != 0 or (steps is not None and constants.get(steps) != 1):
             return None
-        dims = stored[data]
+        buffer = _integer_values(tensors[data])
         axis = 0 if axes is None else constants.get(axes)
         length = _length_of(end, producers, constants, ranks)
-        if axis is None or not -len(dims) <= axis < len(dims) or length is None:
+        if buffer is None or axis is None or not -buffer.ndim <= axis < buffer.ndim or length is None:
             return None
-        return (*length, int(dims[axis]))
+        return (*length, _longest_cut_inside(buffer, axis, rows), data)
     return None
+
+
+def _integer_values(tensor: onnx.TensorProto) -> np.ndarray | None:
+    """A stored tensor's values when it holds integers stored in the file itself, else None."""
+    from onnx import numpy_helper
+
+    if tensor.data_location == onnx.TensorProto.EXTERNAL or tensor.data_type not in _INTEGER_BITS:
+        return None
+    try:
+        return numpy_helper.to_array(tensor)
+    except Exception:  # noqa: BLE001 - a tensor we cannot read is no buffer we know
+        return None
+
+
+def _longest_cut_inside(buffer: np.ndarray, axis: int, rows: int) -> int:
+    """The largest n for which `buffer` cut to its first n entries along `axis` holds only valid row numbers of a
+    table of `rows` rows (ONNX's `Gather`: -rows..rows-1)."""
+    if buffer.size == 0:
+        return int(buffer.shape[axis])
+    outside = np.moveaxis((buffer < -rows) | (buffer >= rows), axis, 0).reshape(buffer.shape[axis], -1).any(axis=1)
+    return int(np.argmax(outside)) if outside.any() else int(buffer.shape[axis])
 
 
 def _stored_tables(model: onnx.ModelProto) -> dict[str, tuple[int, ...]]:
