@@ -70,6 +70,30 @@ def test_lowered_model_loads_and_stays_close(models, tmp_path, model, mode, floo
     assert report.cosine >= floor and 0 < report.max_abs_diff < 1
 
 
+@pytest.mark.parametrize("quantization", ["dynamic", "static"])
+def test_int8_of_a_transformer_fused_by_onnxruntimes_optimizer(models, tmp_path, quantization):
+    """`optimum-cli export onnx --optimize O2` and onnxruntime.transformers' optimizer fuse a transformer into
+    com.microsoft ops (SkipLayerNormalization, BiasGelu), whose outputs ONNX shape inference cannot type: ONNX
+    Runtime's quantizers failed on them ("Unable to find data type for weight_name"), and the load with them."""
+    from onnxruntime.transformers.optimizer import optimize_model
+
+    from gebackend.compile import quantize_static
+
+    fused = tmp_path / "bert_fused.onnx"
+    optimize_model(str(models["bert"]), model_type="bert", num_heads=0, hidden_size=0).save_model_to_file(str(fused))
+    assert any(n.domain == "com.microsoft" for n in onnx.load(str(fused)).graph.node)
+    feeds = random_feeds(fused, batch=2, seed=1)
+    if quantization == "dynamic":
+        lowered = lower_precision(fused, "int8", tmp_path)
+        quantized_ops = ("MatMulInteger", "DynamicQuantizeMatMul")
+    else:
+        lowered = tmp_path / "static.onnx"
+        quantize_static.quantize("onnxruntime", fused, lowered, [feeds], print)
+        quantized_ops = ("QuantizeLinear",)
+    assert sum(n.op_type in quantized_ops for n in onnx.load(str(lowered)).graph.node) >= 1
+    assert accuracy_report(fused, lowered, feeds).cosine >= 0.99
+
+
 def test_bf16_on_onnxruntime_is_refused_pointing_to_openvino(models, tmp_path):
     with pytest.raises(ModelLoadError, match=r"bf16.*engine=openvino"):
         lower_precision(models["bert"], "bf16", tmp_path)

@@ -43,6 +43,13 @@ from gebackend.errors import ModelLoadError
 
 PRECISIONS = ("origin", "fp16", "bf16", "int8")
 INT8_OP_TYPES = ("MatMul", "Gemm")
+# ONNX Runtime's quantizers type each tensor they quantize by ONNX shape inference, which knows no com.microsoft
+# operator: after the fused Attention, SkipLayerNormalization or FastGelu of a transformer optimized by ONNX Runtime
+# (`optimum-cli export onnx --optimize O2`, onnxruntime.transformers' optimizer) tensors are untyped and the quantizer
+# fails ("Unable to find data type for weight_name=..."). `quantizer_source` types such a graph with ONNX Runtime's
+# symbolic shape inference; what stays untyped (a file too large to load, an inference that fails) is taken as float,
+# the quantizer's own remedy.
+QUANTIZER_EXTRA_OPTIONS = {"DefaultTensorType": onnx.TensorProto.FLOAT}
 
 _BF16_REFUSAL = (
     "precision_mode=bf16 is not available with engine=onnxruntime: ONNX Runtime's CPU provider has no bf16 "
@@ -88,7 +95,7 @@ def quantizer_source(path: Path, scratch: Path, log: Callable[[str], None] = lam
         if untied:
             log(f"precision int8: {untied} constant(s) the graph held in Constant nodes or shared through Identity "
                 "nodes made initializers of their own, so the quantizer sees them as constants")
-        yield model
+        yield _typed(model, log)
         return
     scratch.mkdir(parents=True, exist_ok=True)
     inferred = f"{path.stem}-inferred{path.suffix}"
@@ -97,6 +104,29 @@ def quantizer_source(path: Path, scratch: Path, log: Callable[[str], None] = lam
         shutil.copytree(path.parent, view,
                         ignore=lambda where, names: [inferred] if Path(where) == path.parent else [])
         yield str(view / path.name)
+
+
+def _typed(model: onnx.ModelProto, log: Callable[[str], None]) -> onnx.ModelProto:
+    """`model` with the outputs of its com.microsoft operators typed by ONNX Runtime's symbolic shape inference, which
+    knows them (its quantization pre-processing runs the same); a graph without such operators as it is."""
+    if not any(node.domain == "com.microsoft" for node in model.graph.node):
+        return model
+    try:
+        from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
+
+        with _quiet():
+            typed = SymbolicShapeInference.infer_shapes(model, auto_merge=True, guess_output_rank=True)
+    except Exception as exc:  # noqa: BLE001 - the quantizer's fallback (DefaultTensorType) still applies
+        typed, failure = None, f"{type(exc).__name__}: {exc}"
+    else:
+        failure = "it returned no model"
+    if typed is None:
+        log(f"precision int8: ONNX Runtime's symbolic shape inference could not type the graph's com.microsoft "
+            f"operators ({failure}); the quantizer takes their untyped outputs as float")
+        return model
+    log("precision int8: the outputs of the graph's com.microsoft operators typed by ONNX Runtime's symbolic shape "
+        "inference for the quantizer (ONNX shape inference does not know them)")
+    return typed
 
 
 def source_graph(source, path: Path) -> onnx.ModelProto:
@@ -189,7 +219,7 @@ def _int8(path: Path, out: Path, op_types: tuple[str, ...], log: Callable[[str],
         candidates = _count(source_graph(source, path), op_types, weighted=True)
         quantize_dynamic(
             source, str(out), op_types_to_quantize=list(op_types), weight_type=QuantType.QInt8, per_channel=True,
-            reduce_range=reduced, use_external_data_format=_large(path),
+            reduce_range=reduced, use_external_data_format=_large(path), extra_options=dict(QUANTIZER_EXTRA_OPTIONS),
         )
     after = onnx.load(str(out), load_external_data=False)
     quantized = _count(after, ("MatMulInteger", "ConvInteger", "DynamicQuantizeMatMul", "QGemm", "MatMulIntegerToFloat"))

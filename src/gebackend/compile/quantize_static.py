@@ -146,7 +146,7 @@ def quantize_onnxruntime(path: Path, out: Path, samples: Sequence[dict], log: Ca
     """ORT static QDQ int8 of `path` written to `out`; the number of QuantizeLinear/DequantizeLinear nodes."""
     from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
 
-    from gebackend.compile.precision import quantizer_source, source_graph
+    from gebackend.compile.precision import QUANTIZER_EXTRA_OPTIONS, quantizer_source, source_graph
 
     activation, weight, reduce_range, why = ort_types()
     large = _large(path)
@@ -159,6 +159,7 @@ def quantize_onnxruntime(path: Path, out: Path, samples: Sequence[dict], log: Ca
                 reduce_range=reduce_range, activation_type=getattr(QuantType, activation),
                 weight_type=getattr(QuantType, weight), use_external_data_format=large,
                 op_types_to_quantize=list(ATTENTION_GRAPH_OPS) if transformer else None,
+                extra_options=dict(QUANTIZER_EXTRA_OPTIONS),
             )
     except ModelLoadError:
         raise
@@ -178,10 +179,16 @@ def quantize_onnxruntime(path: Path, out: Path, samples: Sequence[dict], log: Ca
 # ------------------------------------------------------------------------------------------ NNCF
 
 
+# ONNX Runtime's fused attention (its transformers optimizer writes them, Softmax inside)
+_FUSED_ATTENTION = frozenset({"Attention", "MultiHeadAttention", "GroupQueryAttention", "PackedAttention"})
+
+
 def is_transformer(model: onnx.ModelProto) -> bool:
-    """Attention-like: a Softmax and a MatMul in the graph (NNCF then keeps its transformer patterns in float)."""
+    """Attention-like: a Softmax and a MatMul in the graph, or ONNX Runtime's fused attention (NNCF then keeps its
+    transformer patterns in float)."""
     ops = {node.op_type for node in model.graph.node}
-    return "Softmax" in ops and "MatMul" in ops
+    fused = any(node.domain == "com.microsoft" and node.op_type in _FUSED_ATTENTION for node in model.graph.node)
+    return fused or ("Softmax" in ops and "MatMul" in ops)
 
 
 def _import_nncf():
@@ -277,3 +284,4 @@ def quantize(quantizer: str, path: Path, out: Path, samples: Sequence[dict], log
     log(f"precision int8: the bfloat16 input(s) and output(s) {', '.join(edges.inputs + edges.outputs)} were float32 "
         "for the quantizer (compile/bf16_edges.py) and are bfloat16 again in the quantized model")
     return nodes
+
