@@ -218,6 +218,34 @@ def test_the_guard_serves_fp32_when_the_lowered_model_is_too_far(bert_dir):
         instance.close()
 
 
+def test_the_guard_serves_fp32_when_the_lowering_fails_and_without_it_the_load_fails(bert_dir, monkeypatch):
+    """precision_mode=auto (whose guard is 0.99) on a model ONNX Runtime's quantizer fails on (it did on every
+    transformer optimized by ONNX Runtime, `optimum-cli export onnx --optimize O2`) served fp32; it failed the load."""
+    from gebackend.compile import precision
+    from gebackend.errors import ModelLoadError
+
+    def fails(*args, **kwargs):
+        raise RuntimeError("Unable to find data type for weight_name='w'")
+
+    monkeypatch.setattr(precision, "_int8", fails)
+    log = Log()
+    instance = ModelInstance.load(_config("bert", precision_mode="int8", precision_min_cosine="0.99"), bert_dir,
+                                  InstanceInfo("bert_0_0"), log, pin=False)
+    try:
+        refused = [m for _, m in log.lines if "not served" in m]
+        assert len(refused) == 1 and "lowering failed" in refused[0] and "Unable to find data type" in refused[0]
+        assert instance.executor.spec.options.engines.precision_mode == "origin"
+        assert "int8 refused by a failed lowering" in instance.how
+        got, want = _run(instance, bert_dir)
+        for name, value in want.items():
+            np.testing.assert_allclose(got[name], value, rtol=1e-5, atol=1e-5)
+    finally:
+        instance.close()
+    with pytest.raises(ModelLoadError, match="precision_mode=int8: lowering model.onnx failed: RuntimeError: Unable"):
+        ModelInstance.load(_config("bert_no_guard", precision_mode="int8"), bert_dir, InstanceInfo("bert_1_0"), Log(),
+                           pin=False)
+
+
 @pytest.mark.skipif(importlib.util.find_spec("openvino") is None, reason="OpenVINO is not installed")
 def test_engine_auto_falls_back_to_onnxruntime_for_a_model_openvino_cannot_read(tmp_path, monkeypatch):
     from gebackend.errors import ModelLoadError

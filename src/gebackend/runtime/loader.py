@@ -71,8 +71,15 @@ def _lower(spec: ModelSpec, engine_kind, log: Callable[[str], None],
     mode = spec.options.engines.precision_mode
     guard = spec.options.engines.precision_min_cosine
     shapes = _file_shapes(spec) if spec.static else None
-    lowered = lowered_model(spec.name, spec.path, spec.options.engines, engine_kind, spec.batching, shapes, log,
-                            home=spec.home, fixed=defaults)
+    try:
+        lowered = lowered_model(spec.name, spec.path, spec.options.engines, engine_kind, spec.batching, shapes, log,
+                                home=spec.home, fixed=defaults)
+    except ModelLoadError as exc:
+        if not guard:
+            raise
+        # the guard (precision_mode=auto's, or the user's) asks for fp32 where the lowered model cannot be trusted;
+        # one the quantizer could not write is no better
+        return _fp32(spec, log, f"lowering failed ({exc})", refused_by="a failed lowering")
     ran = precision_run(mode, engine_kind.name, lowered.quantization)
     if ran.note:
         log(f"precision {mode}: {ran.note}")
@@ -139,12 +146,13 @@ def _file_shapes(spec: ModelSpec):
     return full_shapes(spec, TrimPlan.of(spec))
 
 
-def _fp32(spec: ModelSpec, log: Callable[[str], None], why: str) -> tuple[ModelSpec, str]:
+def _fp32(spec: ModelSpec, log: Callable[[str], None], why: str,
+          refused_by: str = "the accuracy guard") -> tuple[ModelSpec, str]:
     """The accuracy guard refused the lowered model: the spec serving the original file at fp32."""
     mode = spec.options.engines.precision_mode
     log(f"precision {mode}: not served: {why}; serving fp32 (precision_mode=origin) instead")
     return dataclasses.replace(spec, options=spec.options.replace(precision_mode="origin")), \
-        f"precision origin ({mode} refused by the accuracy guard), "
+        f"precision origin ({mode} refused by {refused_by}), "
 
 
 def _build(spec: ModelSpec, providers: Sequence, log: Callable[[str], None],
