@@ -3,7 +3,9 @@
 `random_feeds` makes the input from the model's signature: floats standard normal; integers small and
 non-negative (below 100, and below the rows of the table where the input indexes one stored in the model,
 config/index_bounds.py, so embedding lookups stay in range), all ones for inputs named like a mask; booleans
-random. Symbolic dims take the sizes given, else `batch` for the first dim and `dim` for the others (one size per dim_param name).
+random. Symbolic dims take the sizes given, else what compile/free_dims.py chooses: the user's dims (`hints`), the
+channels a Conv reads, one size per dim name (`batch` for the first dim, `dim` for the others), and a dim named by an
+expression of other names (`past_sequence_length + sequence_length`) its value.
 `accuracy_report` runs both models on the CPU and compares every output: max-abs-diff and cosine
 similarity (computed in float64). The load log and `gebackend analyze --precision` print its `format_text()`.
 """
@@ -20,6 +22,7 @@ import numpy as np
 import onnx
 
 from gebackend.config import dtypes
+from gebackend.compile.free_dims import concrete_shapes
 from gebackend.config.index_bounds import index_bounds
 from gebackend.engines import bfloat16
 from gebackend.engines.base import Engine
@@ -83,14 +86,15 @@ def random_feeds(
     batch: int = 1,
     dim: int = 16,
     fixed: Mapping[str, np.ndarray] | None = None,
+    hints: Mapping[str, Sequence[int]] | None = None,
 ) -> dict[str, np.ndarray]:
     """One seeded random input for every graph input (see the module docstring); the inputs in `fixed` (an optional
-    input's default, config/optional_inputs.py) get that value instead."""
+    input's default, config/optional_inputs.py) get that value instead. `hints`: per input, sizes the user gave for
+    its free dims (-1: none)."""
     proto = _load(model)
-    shapes = dict(shapes or {})
+    shapes = {**concrete_shapes(proto, hints, batch=batch, default=dim), **(shapes or {})}
     initializers = {init.name for init in proto.graph.initializer}
     limits = {name: bound.high + 1 for name, bound in index_bounds(proto).items()}  # rows of the table each indexes
-    named: dict[str, int] = {}
     rng = np.random.default_rng(seed)
     feeds: dict[str, np.ndarray] = {}
     for value in proto.graph.input:
@@ -101,19 +105,7 @@ def random_feeds(
             continue
         tensor = value.type.tensor_type
         dtype = dtypes.from_onnx(tensor.elem_type).numpy
-        if value.name in shapes:
-            shape = tuple(int(d) for d in shapes[value.name])
-        else:
-            shape_list = []
-            for k, d in enumerate(tensor.shape.dim):
-                if d.HasField("dim_value") and d.dim_value > 0:
-                    shape_list.append(int(d.dim_value))
-                    continue
-                size = batch if k == 0 else dim
-                if d.dim_param:
-                    size = named.setdefault(d.dim_param, size)
-                shape_list.append(size)
-            shape = tuple(shape_list)
+        shape = tuple(int(d) for d in shapes.get(value.name, ()))
         feeds[value.name] = _random(value.name, shape, np.dtype(dtype), rng, limits.get(value.name, TOKEN_ID_LIMIT))
     return feeds
 
@@ -185,7 +177,10 @@ def accuracy_report(
         else:
             got = bfloat16.run(_session(lowered_model, providers), names, feeds)
     except Exception as exc:
-        raise ModelLoadError(f"accuracy check failed to run: {type(exc).__name__}: {exc}") from None
+        shapes = " ".join(f"{name}:{list(np.shape(value))}" for name, value in feeds.items())
+        raise ModelLoadError(f"accuracy check failed to run on {input_label or 'the seeded input'} ({shapes}): "
+                             f"{type(exc).__name__}: {exc}; where the model takes other sizes for its free dims, give "
+                             f"them as dims in config.pbtxt") from None
     outputs = tuple(compare(n, e, g) for n, e, g in zip(names, expected, got))
     worst_cosine = min((o.cosine for o in outputs), key=lambda c: (not math.isnan(c), c), default=1.0)
     return AccuracyReport(

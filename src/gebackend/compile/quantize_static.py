@@ -36,7 +36,7 @@ import logging
 import os
 import platform
 from pathlib import Path
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 import onnx
@@ -276,12 +276,35 @@ def quantize(quantizer: str, path: Path, out: Path, samples: Sequence[dict], log
     samples = [{k: np.asarray(v) for k, v in s.items()} for s in samples]
     model = onnx.load(str(path), load_external_data=False)
     edges = bf16_edges.find(model)
-    if not edges:
-        return run(path, out, samples, log)
-    with bf16_edges.float_copy(model, path, edges, out.parent) as copy:  # the quantizers calibrate with numpy arrays
-        nodes = run(copy, out, edges.float_samples(samples), log)
+    try:
+        if not edges:
+            return run(path, out, samples, log)
+        with bf16_edges.float_copy(model, path, edges, out.parent) as copy:  # the quantizers calibrate with numpy arrays
+            nodes = run(copy, out, edges.float_samples(samples), log)
+    except ModelLoadError:
+        if not edges:
+            _check_sample_runs(path, samples[0])
+        raise
     bf16_edges.restore_file(out, edges)
     log(f"precision int8: the bfloat16 input(s) and output(s) {', '.join(edges.inputs + edges.outputs)} were float32 "
         "for the quantizer (compile/bf16_edges.py) and are bfloat16 again in the quantized model")
     return nodes
 
+
+def _check_sample_runs(path: Path, sample: Mapping[str, np.ndarray]) -> None:
+    """After a quantizer failed: when the fp32 model itself cannot run the first calibration sample, that is the
+    cause to report (seeded samples whose free dims took sizes the model does not take), not the quantizer's error."""
+    import onnxruntime
+
+    try:
+        session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    except Exception:  # noqa: BLE001 - a file ONNX Runtime cannot open says nothing of the sample
+        return
+    try:
+        session.run(None, dict(sample))
+    except Exception as exc:  # noqa: BLE001 - the engine's traceback is not the user's to read
+        shapes = " ".join(f"{name}:{list(np.shape(value))}" for name, value in sample.items())
+        raise ModelLoadError(
+            f"precision_mode=int8 quantization=static: the calibration sample ({shapes}) does not run on "
+            f"{path.name} itself ({_short(exc)}): seeded samples (no calibration_data) give a free dim a size the "
+            f"model may not take; give the sizes as dims in config.pbtxt, or set calibration_data") from None

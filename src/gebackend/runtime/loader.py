@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
 import numpy as np
+import onnx
 
 from gebackend.config.spec import ModelSpec
 from gebackend.control.env import control_dir, server_temp_parent
@@ -70,7 +71,7 @@ def _lower(spec: ModelSpec, engine_kind, log: Callable[[str], None],
     spec = _lowerable(spec, log)
     mode = spec.options.engines.precision_mode
     guard = spec.options.engines.precision_min_cosine
-    shapes = _file_shapes(spec) if spec.static else None
+    shapes = _file_shapes(spec) if spec.static else _seeded_shapes(spec)
     try:
         lowered = lowered_model(spec.name, spec.path, spec.options.engines, engine_kind, spec.batching, shapes, log,
                                 home=spec.home, fixed=defaults)
@@ -135,6 +136,16 @@ def _already_int8(spec: ModelSpec, log: Callable[[str], None]) -> tuple[ModelSpe
         f"QLinear*, *Integer): served as it is, int8 where its producer quantized it")
     serving = dataclasses.replace(spec, options=spec.options.replace(precision_mode="origin"))
     return serving, "precision int8 (the file's own quantization), "
+
+
+def _seeded_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
+    """The shapes of a dynamic graph's seeded inputs (the accuracy check, the calibration samples): the file's dims,
+    config.pbtxt's where the file's are free, and compile/free_dims.py's choice for the rest."""
+    from gebackend.compile.free_dims import concrete_shapes
+
+    batch = (-1,) if spec.max_batch_size > 0 else ()
+    hints = {t.name: (*batch, *t.dims) for t in spec.inputs}
+    return concrete_shapes(onnx.load(str(spec.path), load_external_data=False), hints)
 
 
 def _file_shapes(spec: ModelSpec):
