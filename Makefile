@@ -23,7 +23,7 @@ serve: setup
 
 # CN_CLIP as two ensembles (bytes/text -> preprocessing -> encoder -> L2 norm): writes the encoders, the normalisation
 # model and cn_clip's vocab into $(CNCLIP_REPO). The real CN_CLIP encoders when torch is installed (the `cnclip`
-# extra), else small stand-ins with CN_CLIP's interface (the log says which). CNCLIP_ENCODERS=standin|cnclip|cnclip_l4
+# extra, or the test extra `setup` installs), else small stand-ins with CN_CLIP's interface (the log says which). CNCLIP_ENCODERS=standin|cnclip|cnclip_l4
 # chooses; CNCLIP_IMAGE_ONNX / CNCLIP_TEXT_ONNX take files exported by cn_clip's deploy/pytorch_to_onnx.py.
 CNCLIP_ARGS = --encoders $(or $(CNCLIP_ENCODERS),auto) $(if $(CNCLIP_IMAGE_ONNX),--image-onnx $(CNCLIP_IMAGE_ONNX)) \
     $(if $(CNCLIP_TEXT_ONNX),--text-onnx $(CNCLIP_TEXT_ONNX)) $(if $(FORCE),--force)
