@@ -3,9 +3,9 @@
 `random_feeds` makes the input from the model's signature: floats standard normal; integers small and
 non-negative (below 100, and below the rows of the table where the input indexes one stored in the model,
 config/index_bounds.py, so embedding lookups stay in range), all ones for inputs named like a mask; booleans
-random. Symbolic dims take the sizes given, else what compile/free_dims.py chooses: the user's dims (`hints`), the
-channels a Conv reads, one size per dim name (`batch` for the first dim, `dim` for the others), and a dim named by an
-expression of other names (`past_sequence_length + sequence_length`) its value.
+random. Symbolic dims take the sizes given (the loader gives config.pbtxt's), else what compile/free_dims.py
+chooses: the channels a Conv reads, one size per dim name (`batch` for the first dim, `dim` for the others), and a
+dim named by an expression of other names (`past_sequence_length + sequence_length`) its value.
 `accuracy_report` runs both models on the CPU and compares every output: max-abs-diff and cosine
 similarity (computed in float64). The load log and `gebackend analyze --precision` print its `format_text()`.
 """
@@ -21,8 +21,8 @@ from typing import Mapping, Sequence, Union
 import numpy as np
 import onnx
 
-from gebackend.config import dtypes
 from gebackend.compile.free_dims import concrete_shapes
+from gebackend.config import dtypes
 from gebackend.config.index_bounds import index_bounds
 from gebackend.engines import bfloat16
 from gebackend.engines.base import Engine
@@ -86,13 +86,11 @@ def random_feeds(
     batch: int = 1,
     dim: int = 16,
     fixed: Mapping[str, np.ndarray] | None = None,
-    hints: Mapping[str, Sequence[int]] | None = None,
 ) -> dict[str, np.ndarray]:
     """One seeded random input for every graph input (see the module docstring); the inputs in `fixed` (an optional
-    input's default, config/optional_inputs.py) get that value instead. `hints`: per input, sizes the user gave for
-    its free dims (-1: none)."""
+    input's default, config/optional_inputs.py) get that value instead."""
     proto = _load(model)
-    shapes = {**concrete_shapes(proto, hints, batch=batch, default=dim), **(shapes or {})}
+    shapes = {**concrete_shapes(proto, batch=batch, default=dim), **(shapes or {})}
     initializers = {init.name for init in proto.graph.initializer}
     limits = {name: bound.high + 1 for name, bound in index_bounds(proto).items()}  # rows of the table each indexes
     rng = np.random.default_rng(seed)
