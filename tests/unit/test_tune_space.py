@@ -5,8 +5,14 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import onnx
+
+from gebackend.compile.precision import quantized_nodes
+from gebackend.modelzoo import build_qdq_resnet, build_resnet
 from gebackend.tune import space
 from gebackend.tune.space import PRECISIONS, PrecisionRung, buckets_for, instance_layouts
+from gebackend.tune.tuned_model import TunedModel
+from gebackend.tune.tuner import TuneSettings, machine_space
 
 BOTH = ("onnxruntime", "openvino")
 AVX2_CAPS = ("FP32", "INT8", "BIN", "EXPORT_IMPORT")  # what OpenVINO reports on an AVX2-only CPU
@@ -229,3 +235,20 @@ def test_no_queue_delay_is_tried_at_concurrency_1_where_nothing_can_join_the_one
     alone = space.space(2, BOTH, AVX2_CAPS, 8, 1)
     assert {c.scenario.max_queue_delay_us for c in alone} == {0} and all(c.scenario.dynamic_batching for c in alone)
     assert len(space.space(2, BOTH, AVX2_CAPS, 8, 4)) == 3 * len(alone) * 2  # and 2 layouts instead of 1
+
+
+def test_a_file_quantized_already_gets_no_int8_rungs(tmp_path):
+    """`ge` serves a QDQ file as its producer quantized it, so its int8 rungs measured the origin rung again."""
+    def int8_rungs(build, name):
+        (tmp_path / name / "1").mkdir(parents=True)
+        onnx.save(build(), str(tmp_path / name / "1" / "model.onnx"))
+        (tmp_path / name / "config.pbtxt").write_text('backend: "ge"\nmax_batch_size: 8\n')
+        model = TunedModel.load(tmp_path / name)
+        candidates = machine_space(TuneSettings(tmp_path / name), model, lambda engine, rung: "",
+                                   quantized=quantized_nodes(model.onnx_path))
+        return {c.rung.name for c in candidates if c.rung.precision_mode == "int8"}, len(candidates)
+
+    plain, _ = int8_rungs(build_resnet, "resnet")
+    quantized, count = int8_rungs(build_qdq_resnet, "qdq_resnet")
+    assert plain and "int8" in plain  # ONNX Runtime's dynamic int8 at least, wherever onnxruntime is installed
+    assert quantized == set() and count > 0

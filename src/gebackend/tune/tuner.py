@@ -62,11 +62,16 @@ def capabilities(engines: tuple[str, ...]) -> tuple[str, ...]:
 
 
 def machine_space(settings: TuneSettings, model: TunedModel, slow: space.Slow,
-                  trim: bool = False, favoured: space.Favoured = lambda engine, rung: None) -> list[space.Candidate]:
+                  trim: bool = False, favoured: space.Favoured = lambda engine, rung: None,
+                  quantized: int = 0) -> list[space.Candidate]:
     """The candidates for this machine: its cores, installed engines, OpenVINO's capabilities, the bench's features,
     the rungs expected to lose on this CPU (`slow_rungs`), measured last, and those it runs natively
-    (`favoured_rungs`), measured first; `trim`: each cuts its batches' padding."""
+    (`favoured_rungs`), measured first; `trim`: each cuts its batches' padding; `quantized`: the file's quantization
+    nodes, where it is int8 already (its int8 rungs would serve the file as it is, the origin rung again)."""
     from gebackend.bench import scenarios
+
+    def available(feature: str) -> bool:
+        return scenarios.feature_missing(feature) is None and not (feature == "int8" and quantized)
 
     try:
         cores = len(os.sched_getaffinity(0))
@@ -75,8 +80,7 @@ def machine_space(settings: TuneSettings, model: TunedModel, slow: space.Slow,
     engines = installed_engines()
     return space.space(cores, engines, capabilities(engines), model.max_batch_size, settings.concurrency,
                        static_ok=not model.static_problem,
-                       available=lambda feature: scenarios.feature_missing(feature) is None,
-                       slow=slow, trim=trim, favoured=favoured)
+                       available=available, slow=slow, trim=trim, favoured=favoured)
 
 
 def slow_rungs(model: TunedModel, cpu_flags: Iterable[str] | None = None) -> space.Slow:
@@ -205,7 +209,10 @@ def run(settings: TuneSettings, progress: Callable[[str], None] = _stderr) -> tu
         settings = replace(settings, input_data=Path(settings.input_data).resolve())
     slow, favoured = slow_rungs(model), favoured_rungs(model)
     trim = trims(model, settings.input_data)
-    candidates = machine_space(settings, model, slow, trim=bool(trim), favoured=favoured)
+    from gebackend.compile.precision import quantized_nodes
+
+    quantized = quantized_nodes(model.onnx_path)
+    candidates = machine_space(settings, model, slow, trim=bool(trim), favoured=favoured, quantized=quantized)
     cores = candidates[0].cores if candidates else 1
     log_file = open(out / "tune.log", "a", buffering=1)
     log = lambda line: log_file.write(line + "\n")  # noqa: E731 - the bench's own lines: commands, server output
@@ -220,6 +227,9 @@ def run(settings: TuneSettings, progress: Callable[[str], None] = _stderr) -> tu
         progress(f"tune: {static_dims}")
     if trim:
         progress(f"tune: {trim}")
+    if quantized:
+        progress(f"tune: no int8 rungs: the file is quantized already ({quantized} quantization node(s)); `ge` serves "
+                 f"it as its producer quantized it, which the origin rung measures")
     for engine, rung in sorted({(c.scenario.engine, c.rung) for c in candidates if slow(c.scenario.engine, c.rung)},
                                key=lambda pair: (pair[0], pair[1].name)):
         progress(f"tune: {rung.name} on {engine} ranked last until the accuracy guard times it: {slow(engine, rung)}")
