@@ -201,3 +201,28 @@ def test_a_failing_quantizer_is_a_clear_load_error_without_traceback(tmp_path, m
         quantize_static.quantize("nncf", good, tmp_path / "o2.onnx", [{"x": np.zeros((1, 64), np.float32)}], print)
     with pytest.raises(ModelLoadError, match="no calibration sample"):
         quantize_static.quantize("onnxruntime", broken, tmp_path / "o3.onnx", [], print)
+
+
+def test_nncf_quantizes_a_transformer_its_smoothquant_fails_on_without_it(tmp_path):
+    """A MatMul whose weight the graph computes (a tied embedding's transpose as the LM head, as torch's dynamo
+    exporter writes GPT-2) has no weight for NNCF's SmoothQuant, whose transformer default then fails (`'NoneType'
+    object has no attribute 'shape'`) and failed the load; it is quantized again without SmoothQuant."""
+    pytest.importorskip("nncf")
+    ort = pytest.importorskip("onnxruntime")
+    rng = np.random.default_rng(0)
+    stored = [numpy_helper.from_array(rng.standard_normal(shape).astype(np.float32), name)
+              for name, shape in (("w", (8, 8)), ("embedding", (16, 8)))]
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Softmax", ["h"], ["p"], axis=-1),
+             helper.make_node("Transpose", ["embedding"], ["head"], perm=[1, 0]),
+             helper.make_node("MatMul", ["p", "head"], ["y"])]
+    graph = helper.make_graph(nodes, "lm", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["b", 4, 8])],
+                              [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["b", 4, 16])], stored)
+    path, out = tmp_path / "lm.onnx", tmp_path / "lm.int8.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    samples = [{"x": rng.standard_normal((1, 4, 8)).astype(np.float32)} for _ in range(8)]
+    lines = []
+    assert quantize_static.quantize("nncf", path, out, samples, lines.append) > 0
+    assert any("NNCF's SmoothQuant failed on this graph" in line and "quantized without it" in line for line in lines)
+    x = {"x": rng.standard_normal((2, 4, 8)).astype(np.float32)}
+    want, got = (ort.InferenceSession(str(p), providers=["CPUExecutionProvider"]).run(None, x)[0] for p in (path, out))
+    assert compare("y", want, got).cosine >= 0.99

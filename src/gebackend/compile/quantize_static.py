@@ -219,14 +219,30 @@ def quantize_nncf(path: Path, out: Path, samples: Sequence[dict], log: Callable[
     preset = nncf.QuantizationPreset.MIXED if transformer else nncf.QuantizationPreset.PERFORMANCE
     kwargs = {"model_type": nncf.ModelType.TRANSFORMER} if transformer else {}
     fix, why = nncf_overflow_fix()
-    try:
-        from nncf.quantization.advanced_parameters import AdvancedQuantizationParameters, OverflowFix
 
+    def run(model: onnx.ModelProto, smooth_quant: bool = True) -> onnx.ModelProto:
+        from nncf.quantization.advanced_parameters import (AdvancedQuantizationParameters,
+                                                           AdvancedSmoothQuantParameters, OverflowFix)
+
+        off = {} if smooth_quant else {"smooth_quant_alphas": AdvancedSmoothQuantParameters(matmul=-1)}
         with quiet():
             nncf.set_log_level(logging.ERROR)
-            quantized = nncf.quantize(model, nncf.Dataset(list(samples)), preset=preset, subset_size=len(samples),
-                                      advanced_parameters=AdvancedQuantizationParameters(overflow_fix=OverflowFix[fix]),
-                                      **kwargs)
+            return nncf.quantize(model, nncf.Dataset(list(samples)), preset=preset, subset_size=len(samples),
+                                 advanced_parameters=AdvancedQuantizationParameters(overflow_fix=OverflowFix[fix], **off),
+                                 **kwargs)
+
+    try:
+        try:
+            quantized = run(model)
+        except Exception as first:  # noqa: BLE001
+            if not transformer:
+                raise
+            # NNCF's SmoothQuant (its transformer default) fails on a MatMul whose weight the graph computes (a tied
+            # embedding's transpose as the LM head, in torch's dynamo exports): quantized again without it, from a
+            # fresh copy of the file (the failed run may have changed the one it had)
+            quantized = run(_nncf_opset(onnx.load(str(path)), lambda message: None), smooth_quant=False)
+            log(f"precision int8: NNCF's SmoothQuant failed on this graph ({_short(first)}); quantized without it")
+        with quiet():
             onnx.save_model(quantized, str(out), save_as_external_data=large, location=f"{out.name}.data")
     except Exception as exc:  # noqa: BLE001 - NNCF's traceback is not the user's to read
         raise ModelLoadError(
