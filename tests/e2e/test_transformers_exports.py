@@ -1,8 +1,9 @@
 """Hugging Face architectures (nobody here wrote them) with random weights, exported by torch's ONNX exporter as users
 export them (dims named as optimum names them), served through the real server with bare configs and answered as
 ONNX Runtime answers the same file: BERT, RoBERTa, GPT-2 with its KV cache (the mask's dim named
-`past_sequence_length + sequence_length`), ViT (every pixel dim free), and BERT fused by ONNX Runtime's transformers
-optimizer into com.microsoft ops (what `optimum-cli export onnx --optimize O2` writes). Beside each plain config, the
+`past_sequence_length + sequence_length`), ViT (every pixel dim free), BERT fused by ONNX Runtime's transformers
+optimizer into com.microsoft ops (what `optimum-cli export onnx --optimize O2` writes), and GPT-2 by torch's default
+(dynamo) exporter, its weights in model.onnx.data. Beside each plain config, the
 settings these models broke: int8 of the fused graph (ONNX Runtime's quantizer failed on it), `precision_mode=auto` on
 GPT-2 (its accuracy check failed on the cache's mask, so auto served fp32), int8 of ViT with its dims in config.pbtxt
 (checked on them), shape buckets with padding, and OpenVINO."""
@@ -10,6 +11,7 @@ GPT-2 (its accuracy check failed on the cache's mask, so auto served fp32), int8
 from __future__ import annotations
 
 import re
+import shutil
 import warnings
 
 import numpy as np
@@ -23,6 +25,7 @@ pytestmark = pytest.mark.e2e
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
+pytest.importorskip("onnxscript")  # torch's dynamo exporter
 
 SEQ = {0: "batch_size", 1: "sequence_length"}
 LAYERS = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64)
@@ -46,6 +49,11 @@ SERVED = {
                  + P("precision_mode", "int8") + P("precision_min_cosine", "0.99"), False),
     "bert_fused": ("bert_fused", 'backend: "ge"\n', True),
     "bert_fused_int8": ("bert_fused", 'backend: "ge"\n' + P("precision_mode", "int8"), False),
+    # torch's default exporter (dynamo): opset 20, the weights in model.onnx.data beside the file, GPT-2's LM head the
+    # transpose of its tied embedding (NNCF's SmoothQuant failed on it)
+    "gpt2_dynamo": ("gpt2_dynamo", 'backend: "ge"\n', True),
+    "gpt2_dynamo_openvino_int8": ("gpt2_dynamo", 'backend: "ge"\n' + P("engine", "openvino") + P("precision_mode", "int8"),
+                                  False),
 }
 
 
@@ -77,11 +85,22 @@ class _WithCache(torch.nn.Module):
         return (answer.logits, *present)
 
 
-def _export(module, args, inputs, outputs, axes, path):
+def _export(module, args, inputs, outputs, axes, folder):
+    folder.mkdir()
     with warnings.catch_warnings():  # the tracer's and transformers' notes on tracing, not the test's
         warnings.simplefilter("ignore")
-        torch.onnx.export(module, args, str(path), input_names=inputs, output_names=outputs, dynamic_axes=axes,
-                          opset_version=17, dynamo=False)
+        torch.onnx.export(module, args, str(folder / "model.onnx"), input_names=inputs, output_names=outputs,
+                          dynamic_axes=axes, opset_version=17, dynamo=False)
+
+
+def _export_dynamo(module, args, inputs, outputs, shapes, folder):
+    """torch.onnx.export's default since torch 2.9 (needs onnxscript): the weights go to model.onnx.data."""
+    folder.mkdir()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(module, args, str(folder / "model.onnx"), input_names=inputs, output_names=outputs,
+                          dynamic_shapes=shapes, dynamo=True, verbose=False)
+    assert (folder / "model.onnx.data").exists()
 
 
 def _export_all(folder):
@@ -91,16 +110,16 @@ def _export_all(folder):
         transformers.BertConfig(vocab_size=1000, max_position_embeddings=128, **LAYERS)).eval()
     names = ["input_ids", "attention_mask", "token_type_ids"]
     _export(_Named(bert, names, ["logits"]), (ids, mask, torch.zeros_like(ids)), names, ["logits"],
-            {**{n: SEQ for n in names}, "logits": {0: "batch_size"}}, folder / "bert.onnx")
+            {**{n: SEQ for n in names}, "logits": {0: "batch_size"}}, folder / "bert")
     roberta = transformers.RobertaModel(
         transformers.RobertaConfig(vocab_size=1000, max_position_embeddings=130, **LAYERS)).eval()
     _export(_Named(roberta, names[:2], ["last_hidden_state"]), (ids, mask), names[:2], ["last_hidden_state"],
-            {"input_ids": SEQ, "attention_mask": SEQ, "last_hidden_state": SEQ}, folder / "roberta.onnx")
+            {"input_ids": SEQ, "attention_mask": SEQ, "last_hidden_state": SEQ}, folder / "roberta")
     vit = transformers.ViTForImageClassification(
         transformers.ViTConfig(image_size=32, patch_size=8, num_labels=10, **LAYERS)).eval()
     _export(_Named(vit, ["pixel_values"], ["logits"]), (torch.randn(2, 3, 32, 32),), ["pixel_values"], ["logits"],
             {"pixel_values": {0: "batch_size", 1: "num_channels", 2: "height", 3: "width"},
-             "logits": {0: "batch_size"}}, folder / "vit.onnx")
+             "logits": {0: "batch_size"}}, folder / "vit")
     gpt2 = transformers.GPT2LMHeadModel(transformers.GPT2Config(
         vocab_size=1000, n_embd=32, n_layer=2, n_head=4, n_positions=128, bos_token_id=0, eos_token_id=0)).eval()
     past = [f"past_key_values.{layer}.{kind}" for layer in range(2) for kind in ("key", "value")]
@@ -110,11 +129,18 @@ def _export_all(folder):
             ["input_ids", "attention_mask", *past], ["logits", *present],
             {"input_ids": SEQ, "attention_mask": {0: "batch_size", 1: grown}, "logits": SEQ,
              **{n: {0: "batch_size", 2: "past_sequence_length"} for n in past},
-             **{n: {0: "batch_size", 2: grown} for n in present}}, folder / "gpt2.onnx")
+             **{n: {0: "batch_size", 2: grown} for n in present}}, folder / "gpt2")
     from onnxruntime.transformers.optimizer import optimize_model
 
-    optimize_model(str(folder / "bert.onnx"), model_type="bert", num_heads=4, hidden_size=32).save_model_to_file(
-        str(folder / "bert_fused.onnx"))
+    (folder / "bert_fused").mkdir()
+    optimize_model(str(folder / "bert" / "model.onnx"), model_type="bert", num_heads=4,
+                   hidden_size=32).save_model_to_file(str(folder / "bert_fused" / "model.onnx"))
+    tied = transformers.GPT2LMHeadModel(transformers.GPT2Config(
+        vocab_size=1000, n_embd=32, n_layer=2, n_head=4, n_positions=128, use_cache=False)).eval()
+    batch, length = torch.export.Dim("batch_size", max=64), torch.export.Dim("sequence_length", max=120)
+    _export_dynamo(_Named(tied, names[:2], ["logits"]), (ids, mask), names[:2], ["logits"],
+                   {"args": ({0: batch, 1: length}, {0: batch, 1: length})},
+                   folder / "gpt2_dynamo")
 
 
 @pytest.fixture(scope="module")
@@ -124,8 +150,7 @@ def served(tmp_path_factory):
     exported.mkdir()
     _export_all(exported)
     for name, (file, config, _) in SERVED.items():
-        (root / "models" / name / "1").mkdir(parents=True)
-        (root / "models" / name / "1" / "model.onnx").write_bytes((exported / f"{file}.onnx").read_bytes())
+        shutil.copytree(exported / file, root / "models" / name / "1")
         (root / "models" / name / "config.pbtxt").write_text(config)
     server = start_server(root / "models", root / "serve.log")
     yield server, exported
@@ -140,7 +165,7 @@ def _feeds(file: str, batch: int, length: int, past: int = 3) -> dict[str, np.nd
     if file.startswith("bert"):
         feeds["token_type_ids"] = np.zeros((batch, length), np.int64)
         feeds["attention_mask"][1:, length - 3:] = 0  # a shorter second text, padded
-    if file == "gpt2":
+    if file == "gpt2":  # with its cache
         feeds["attention_mask"] = np.ones((batch, past + length), np.int64)
         feeds.update((f"past_key_values.{layer}.{kind}", rng.standard_normal((batch, 4, past, 8)).astype(np.float32))
                      for layer in range(2) for kind in ("key", "value"))
@@ -155,7 +180,7 @@ def _wire(array: np.ndarray) -> str:
 def test_an_export_answers_as_onnx_runtime_answers_the_file(served, name):
     server, exported = served
     file, _, exact = SERVED[name]
-    session = ort.InferenceSession(str(exported / f"{file}.onnx"), providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(str(exported / file / "model.onnx"), providers=["CPUExecutionProvider"])
     outputs = [o.name for o in session.get_outputs()]
     client = grpcclient.InferenceServerClient(server.grpc_url)
     for batch, length in ((1, 12), (2, 9)):  # lengths the export was not traced with
@@ -175,11 +200,12 @@ def test_an_export_answers_as_onnx_runtime_answers_the_file(served, name):
                 assert a @ b / (np.linalg.norm(a) * np.linalg.norm(b)) >= 0.99, (name, output)
 
 
-@pytest.mark.parametrize("name", ["bert_fused_int8", "gpt2_auto", "vit_int8"])
+@pytest.mark.parametrize("name", ["bert_fused_int8", "gpt2_auto", "vit_int8", "gpt2_dynamo_openvino_int8"])
 def test_the_lowered_settings_serve_what_they_ask_checked_on_inputs_the_model_takes(served, name):
     """Each load line says what ran: int8 of the fused graph (its quantizer failed before), auto's choice on GPT-2
     checked by the guard (before: the check failed on the cache's mask and auto served fp32), ViT's int8 checked on
-    config.pbtxt's dims (before: on 16 channels of 16 x 16, which the model refuses)."""
+    config.pbtxt's dims (before: on 16 channels of 16 x 16, which the model refuses), NNCF's int8 of the dynamo
+    export's tied LM head (before: SmoothQuant failed the load)."""
     server, _ = served
     loaded = [line for line in server.output().splitlines() if re.search(rf"model '{name}' instance .* loaded ", line)]
     assert loaded, f"no load line for {name}"
