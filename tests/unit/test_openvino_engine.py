@@ -366,3 +366,23 @@ def test_an_input_openvinos_reader_renames_is_a_load_error_not_a_refusal_of_ever
     x, y = np.zeros((2, 3), np.float32), np.ones((2, 3), np.float32)
     np.testing.assert_array_equal(executor.execute([{"X": x, "Y": y}])[0]["out"], y)
     executor.close()
+
+
+def test_a_conversion_failure_names_each_op_with_its_reason(tmp_path):
+    """A module exported in training mode keeps its Dropouts active (torch's dynamo exporter writes training_mode
+    True), which OpenVINO refuses; its report ends in a summary naming the ops, the reason in the block before, and
+    the load said only the summary (`Conversion is failed for: Dropout-20`)."""
+    from onnx import helper, numpy_helper
+
+    from gebackend.errors import ModelLoadError
+
+    stored = [numpy_helper.from_array(np.array(0.1, np.float32), "ratio"),
+              numpy_helper.from_array(np.array(True), "training")]
+    graph = helper.make_graph([helper.make_node("Dropout", ["x", "ratio", "training"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 4])],
+                              [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [2, 4])], stored)
+    path = tmp_path / "dropout.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)]), str(path))
+    with pytest.raises(ModelLoadError) as info:
+        OvEngine(path, BackendOptions())
+    assert "conversion failed for Dropout-20: Training mode is not supported for Dropout op" in str(info.value)

@@ -110,8 +110,20 @@ def _read(source, what: str) -> ov.Model:
 
 
 def _message(exc: Exception) -> str:
-    """OpenVINO's messages start with source locations: its last lines say what went wrong."""
-    lines = [line for line in str(exc).splitlines() if line.strip()]
+    """OpenVINO's messages start with source locations: its last lines say what went wrong. A conversion report
+    holds a block per op that failed (`-- Dropout-20 with a message:` ... its reason on the block's last line,
+    `Training mode is not supported for Dropout op`), then `Summary:`: each op is said with its reason."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    if "Summary:" in lines:
+        reasons, op = [], None
+        for line in lines[:lines.index("Summary:")]:
+            if line.startswith("-- ") and line.endswith("with a message:"):
+                op = line[3:-len("with a message:")].strip()
+                reasons.append([op, ""])
+            elif op is not None:
+                reasons[-1][1] = line
+        said = "; ".join(f"{op}: {reason}" if reason else op for op, reason in reasons)
+        return f"conversion failed for {said}" if said else " ".join(lines[-2:])
     return " ".join(lines[-2:]) if lines else type(exc).__name__
 
 
