@@ -242,16 +242,21 @@ def host_ops(model: onnx.ModelProto, providers: Sequence[str] | None = None) -> 
 
 
 def _default_notes(model: onnx.ModelProto) -> list[str]:
-    """What the doctor says of initializers the file also lists as graph inputs (config/optional_inputs.py)."""
+    """What the doctor says of initializers the file also lists as graph inputs (config/optional_inputs.py) and of
+    nodes it runs in training mode (config/training_mode.py)."""
+    from gebackend.config import training_mode
     from gebackend.config.onnx_signature import signature_of
 
-    names = [t.name for t in signature_of(model).defaults]
+    signature = signature_of(model)
+    notes = [training_mode.describe(signature.training)] if signature.training else []
+    names = [t.name for t in signature.defaults]
     if not names:
-        return []
+        return notes
     shown = ", ".join(names[:5]) + (f", … ({len(names)} in all)" if len(names) > 5 else "")
-    return [f"{len(names)} initializer(s) are also graph inputs ({shown}), as old exporters wrote them: as the file "
-            f"stands ONNX Runtime neither folds nor prepacks them (a caller could replace them); `ge` serves those "
-            f"config.pbtxt does not list (with `optional: true`) as constants"]
+    return notes + [
+        f"{len(names)} initializer(s) are also graph inputs ({shown}), as old exporters wrote them: as the file "
+        f"stands ONNX Runtime neither folds nor prepacks them (a caller could replace them); `ge` serves those "
+        f"config.pbtxt does not list (with `optional: true`) as constants"]
 
 
 def request_limits(model: onnx.ModelProto) -> dict[str, str]:

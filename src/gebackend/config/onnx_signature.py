@@ -15,6 +15,7 @@ import onnx
 
 from gebackend.config import dtypes
 from gebackend.config.index_bounds import IndexBound, LengthLimit, index_bounds, length_limits
+from gebackend.config.training_mode import training_nodes
 from gebackend.errors import ConfigError
 
 # A dim is an int (fixed), a str (a named symbolic dim such as "batch") or None (unknown).
@@ -43,6 +44,8 @@ class Signature:
     defaults: tuple[OnnxTensor, ...] = ()
     # outputs the file makes with a ZipMap (a sequence of maps), served as the tensors they map (config/zipmap.py)
     unzipped: tuple[str, ...] = ()
+    # nodes the file runs in training mode (a module exported without model.eval(): config/training_mode.py)
+    training: tuple[str, ...] = ()
 
     def input(self, name: str) -> OnnxTensor | None:
         return next((t for t in self.inputs if t.name == name), None)
@@ -89,7 +92,7 @@ def signature_of(model: onnx.ModelProto) -> Signature:
     defaults = () if model.ir_version < 4 else tuple(
         _tensor(v, "input") for v in model.graph.input if v.name in initializers)
     unzipped_names = tuple(v.name for v in model.graph.output if v.name in zipped) if served is not None else ()
-    return Signature(inputs, outputs, defaults, unzipped_names)
+    return Signature(inputs, outputs, defaults, unzipped_names, training_nodes(model))
 
 
 def read_signature(path: str | Path) -> Signature:

@@ -27,6 +27,7 @@ from gebackend.config.zipmap import served_unzipped
 from gebackend.config.option_groups import BackendOptions
 from gebackend.config.option_report import load_report
 from gebackend.config.options import ParsedOptions, global_options_from_env, model_parameters, parse_options
+from gebackend.config.training_mode import describe as describe_training
 from gebackend.config.spec import ModelSpec, build_model_spec
 from gebackend.engines import select_providers
 from gebackend.profiling.control import ProfilingControl
@@ -108,6 +109,8 @@ class ModelInstance:
         in_repository = path  # caches (TensorRT's engines, int8 models) are kept beside this file, not beside a copy
         path = aliased_model(config, path, say, server_temp_parent())  # npu_ge: names paired by position
         signature = read_signature(path)
+        if signature.training:
+            log.warn(f"gebackend: model '{name}': {describe_training(signature.training)}")
         path, defaults = served_model(config, path, signature, say, server_temp_parent())  # optional inputs: plain ones
         path = served_locale(path, signature, say, server_temp_parent())  # StringNormalizer: a locale this machine has
         path = served_unzipped(path, signature, say, server_temp_parent())  # a classifier's ZipMap: its tensor
