@@ -246,6 +246,38 @@ def test_the_guard_serves_fp32_when_the_lowering_fails_and_without_it_the_load_f
                            pin=False)
 
 
+def test_the_guard_serves_fp32_when_the_engine_cannot_load_the_lowered_model(bert_dir, monkeypatch):
+    """OpenVINO cannot read some files NNCF writes (a QDQ pair on a tensor of unknown rank: a SegFormer export), which
+    the accuracy check, run on ONNX Runtime, passed: with a guard, fp32 is served; without, the load fails."""
+    from gebackend.errors import ModelLoadError
+    from gebackend.runtime import loader
+
+    real = loader._build
+
+    def build(spec, *args, **kwargs):
+        if spec.path != bert_dir / "model.onnx":
+            raise ModelLoadError("OpenVINO cannot read it: conversion failed for DequantizeLinear-17: Rank of the input "
+                                 "data tensor has to be known (static).")
+        return real(spec, *args, **kwargs)
+
+    monkeypatch.setattr(loader, "_build", build)
+    log = Log()
+    instance = ModelInstance.load(_config("bert", precision_mode="int8", precision_min_cosine="0.99"), bert_dir,
+                                  InstanceInfo("bert_0_0"), log, pin=False)
+    try:
+        refused = [m for _, m in log.lines if "not served" in m]
+        assert len(refused) == 1 and "its engine cannot load the lowered model" in refused[0], log.lines
+        assert "DequantizeLinear-17" in refused[0] and "int8 refused by its engine" in instance.how
+        got, want = _run(instance, bert_dir)
+        for name, value in want.items():
+            np.testing.assert_allclose(got[name], value, rtol=1e-5, atol=1e-5)
+    finally:
+        instance.close()
+    with pytest.raises(ModelLoadError, match="DequantizeLinear-17"):
+        ModelInstance.load(_config("bert_no_guard", precision_mode="int8"), bert_dir, InstanceInfo("bert_1_0"), Log(),
+                           pin=False)
+
+
 @pytest.mark.skipif(importlib.util.find_spec("openvino") is None, reason="OpenVINO is not installed")
 def test_engine_auto_falls_back_to_onnxruntime_for_a_model_openvino_cannot_read(tmp_path, monkeypatch):
     from gebackend.errors import ModelLoadError

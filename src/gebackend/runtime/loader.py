@@ -51,13 +51,25 @@ def load_executor(
     fp32 = original if spec.options.engines.precision_mode != "origin" else None
     if lending is not None:
         lending = _lendable(spec, providers, lending, log)
-    if spec.options.static.trim_padding is None:
-        executor, how = _build(spec, providers, log, fp32, lending)
-        return executor, f"{precision}{how}"
-    from gebackend.runtime.padding_trim import build_trimmed
 
-    executor, how = build_trimmed(spec, lambda loosened: _build(loosened, providers, log, fp32, lending), log,
-                                  reference=original if spec.path != original else None)
+    def build(spec: ModelSpec, fp32: Path | None) -> tuple[Executor, str]:
+        if spec.options.static.trim_padding is None:
+            return _build(spec, providers, log, fp32, lending)
+        from gebackend.runtime.padding_trim import build_trimmed
+
+        return build_trimmed(spec, lambda loosened: _build(loosened, providers, log, fp32, lending), log,
+                             reference=original if spec.path != original else None)
+
+    try:
+        executor, how = build(spec, fp32)
+    except ModelLoadError as exc:
+        if spec.path == original or not spec.options.engines.precision_min_cosine:
+            raise
+        # the guard serves fp32 where the lowered model cannot be trusted, and one its engine cannot load is no
+        # better (OpenVINO cannot read some files NNCF writes: a QDQ pair on a tensor of unknown rank)
+        spec, precision = _fp32(dataclasses.replace(spec, path=original), log,
+                                f"its engine cannot load the lowered model ({exc})", refused_by="its engine")
+        executor, how = build(spec, None)
     return executor, f"{precision}{how}"
 
 
