@@ -37,7 +37,8 @@ def _kv_cache_model():
              helper.make_node("Mul", ["summed", "mask_row"], ["y"]),
              helper.make_node("Unsqueeze", ["mask", "one"], ["mask_row"])]
     return _model(inputs, nodes, [numpy_helper.from_array(np.array([3], np.int64), "axes"),
-                                  numpy_helper.from_array(np.array([1], np.int64), "one")])
+                                  numpy_helper.from_array(np.array([1], np.int64), "one")],
+                  output_dims=["batch_size", 2, "past_sequence_length + sequence_length"])
 
 
 def test_a_dim_named_by_a_sum_of_names_is_their_sum():

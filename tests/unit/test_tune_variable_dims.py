@@ -116,3 +116,15 @@ def test_a_fixed_model_compiles_its_own_dims_and_a_variable_one_without_batching
     unbatched = tuned_model.TunedModel.load(model_dir(tmp_path / "u", 'name: "pool"\nbackend: "ge"\n', build_pool(batch=2)))
     assert unbatched.max_batch_size == 0 and unbatched.sent_dims == {}
     assert unbatched.static_problem == "input x has a variable dim (dims [2, -1, 8]) and the model does not batch"
+
+
+def test_seeded_requests_send_the_sizes_the_graph_needs(tmp_path):
+    """A vision export's free `num_channels` is sent as the channels its Conv reads (16 failed every request), and
+    a KV cache's mask named `past_sequence_length + sequence_length` as that sum (compile/free_dims.py)."""
+    from tests.unit.test_free_dims import _kv_cache_model, _patch_model
+
+    pixels = tuned_model.TunedModel.load(model_dir(tmp_path / "a", 'name: "g"\nbackend: "ge"\n', _patch_model()))
+    assert pixels.sent_dims == {"pixels": (3, tuned_model.VARIABLE_DIM, tuned_model.VARIABLE_DIM)}
+    cache = tuned_model.TunedModel.load(model_dir(tmp_path / "b", 'name: "g"\nbackend: "ge"\n', _kv_cache_model()))
+    past, new, mask = (cache.sent_dims[n] for n in ("past", "new", "mask"))
+    assert past[1] == new[1] == tuned_model.VARIABLE_DIM and mask == (2 * tuned_model.VARIABLE_DIM,)

@@ -1,6 +1,6 @@
 """The model folder under tune: its config, ONNX file and complete IO (filled from the ONNX file), the shapes its
-requests send (a variable dim: the seeded requests' VARIABLE_DIM, or the user's --input-data), and why static
-candidates are left out where they are."""
+requests send (a variable dim: what compile/free_dims.py gives seeded requests, VARIABLE_DIM unless the graph says
+otherwise, or the user's --input-data), and why static candidates are left out where they are."""
 
 from __future__ import annotations
 
@@ -71,7 +71,7 @@ class TunedModel:
                 problem = (f"input {t.name} has no fixed dims (dims {list(t.dims)})" if not t.dims else
                            f"input {t.name} has a variable dim (dims {list(t.dims)}) and the model does not batch")
                 break
-        variable = {t.name: tuple(VARIABLE_DIM if d == -1 else d for d in t.dims) for t in rec.inputs if -1 in t.dims}
+        variable = _seeded_dims(onnx_path, rec.inputs, rec.max_batch_size > 0)
         return cls(model_dir, name, config, config_path.read_text(), onnx_path,
                    config.get("backend") or config.get("platform", ""), rec.max_batch_size, rec.inputs, rec.outputs,
                    problem, {} if problem else variable)
@@ -146,6 +146,26 @@ class TunedModel:
         inputs = tuple(BenchInput(t.name, t.dtype.numpy.name, self._dims(t)) for t in self.inputs)
         return BenchModel(self.name, f"{self.dir}", inputs, export=lambda path: None,
                           max_batch_size=self.max_batch_size)
+
+
+def _seeded_dims(onnx_path: Path, inputs: Sequence[TensorSpec], batching: bool) -> dict[str, tuple[int, ...]]:
+    """The dims seeded requests send to each input with a variable dim: compile/free_dims.py's sizes (the channels a
+    Conv reads, a dim named by a sum of others its value; VARIABLE_DIM otherwise)."""
+    import onnx
+
+    from gebackend.compile.free_dims import concrete_shapes
+
+    lead = (-1,) if batching else ()
+    seeded = concrete_shapes(onnx.load(str(onnx_path), load_external_data=False),
+                             {t.name: (*lead, *t.dims) for t in inputs}, default=VARIABLE_DIM)
+    variable = {}
+    for t in inputs:
+        if -1 not in t.dims:
+            continue
+        shape = seeded.get(t.name, ())[len(lead):]
+        fits = len(shape) == len(t.dims)
+        variable[t.name] = tuple((shape[k] if fits else VARIABLE_DIM) if d == -1 else d for k, d in enumerate(t.dims))
+    return variable
 
 
 def _shape(tensor) -> tuple[int, ...] | None:
