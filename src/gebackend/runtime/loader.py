@@ -63,7 +63,8 @@ def load_executor(
     try:
         executor, how = build(spec, fp32)
     except ModelLoadError as exc:
-        if spec.path == original or not spec.options.engines.precision_min_cosine:
+        lowered = spec.path != original and spec.options.engines.precision_mode != "origin"
+        if not lowered or not spec.options.engines.precision_min_cosine:
             raise
         # the guard serves fp32 where the lowered model cannot be trusted, and one its engine cannot load is no
         # better (OpenVINO cannot read some files NNCF writes: a QDQ pair on a tensor of unknown rank)
