@@ -64,6 +64,15 @@ def concrete_shapes(model: onnx.ModelProto, hints: Mapping[str, Sequence[int]] |
     return shapes
 
 
+def config_shapes(path, inputs, batching: bool, default: int = 16) -> dict[str, tuple[int, ...]]:
+    """`concrete_shapes` of the ONNX file at `path` (read without its weights) with the dims config.pbtxt gives:
+    `inputs` are its tensors (name and dims without the batch dim, -1 where free), `batching` whether dim 0 of each is
+    the batch. The shapes are whole, the batch dim 1 where it batches."""
+    lead = (-1,) if batching else ()
+    model = onnx.load(str(path), load_external_data=False)
+    return concrete_shapes(model, {t.name: (*lead, *t.dims) for t in inputs}, default=default)
+
+
 def conv_channels(model: onnx.ModelProto) -> dict[tuple[str, int], int]:
     """(input, axis 1) -> the channels a Conv/ConvTranspose with a weight stored in the file reads there, for each
     graph input reaching its data input unchanged (through Identity or Cast)."""

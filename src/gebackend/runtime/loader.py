@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
 import numpy as np
-import onnx
 
 from gebackend.config.spec import ModelSpec
 from gebackend.control.env import control_dir, server_temp_parent
@@ -154,11 +153,9 @@ def _already_int8(spec: ModelSpec, log: Callable[[str], None]) -> tuple[ModelSpe
 def _seeded_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
     """The shapes of a dynamic graph's seeded inputs (the accuracy check, the calibration samples): the file's dims,
     config.pbtxt's where the file's are free, and compile/free_dims.py's choice for the rest."""
-    from gebackend.compile.free_dims import concrete_shapes
+    from gebackend.compile.free_dims import config_shapes
 
-    batch = (-1,) if spec.max_batch_size > 0 else ()
-    hints = {t.name: (*batch, *t.dims) for t in spec.inputs}
-    return concrete_shapes(onnx.load(str(spec.path), load_external_data=False), hints)
+    return config_shapes(spec.path, spec.inputs, spec.max_batch_size > 0)
 
 
 def _file_shapes(spec: ModelSpec):

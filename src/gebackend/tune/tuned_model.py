@@ -151,18 +151,14 @@ class TunedModel:
 def _seeded_dims(onnx_path: Path, inputs: Sequence[TensorSpec], batching: bool) -> dict[str, tuple[int, ...]]:
     """The dims seeded requests send to each input with a variable dim: compile/free_dims.py's sizes (the channels a
     Conv reads, a dim named by a sum of others its value; VARIABLE_DIM otherwise)."""
-    import onnx
+    from gebackend.compile.free_dims import config_shapes
 
-    from gebackend.compile.free_dims import concrete_shapes
-
-    lead = (-1,) if batching else ()
-    seeded = concrete_shapes(onnx.load(str(onnx_path), load_external_data=False),
-                             {t.name: (*lead, *t.dims) for t in inputs}, default=VARIABLE_DIM)
+    seeded = config_shapes(onnx_path, inputs, batching, default=VARIABLE_DIM)
     variable = {}
     for t in inputs:
         if -1 not in t.dims:
             continue
-        shape = seeded.get(t.name, ())[len(lead):]
+        shape = seeded.get(t.name, ())[1 if batching else 0:]
         fits = len(shape) == len(t.dims)
         variable[t.name] = tuple((shape[k] if fits else VARIABLE_DIM) if d == -1 else d for k, d in enumerate(t.dims))
     return variable
