@@ -22,6 +22,8 @@ from typing import Mapping, Sequence
 
 import onnx
 
+from gebackend.config.index_bounds import constant_node_tensors
+
 # ops whose output holds the same tensor as their first input, shape and all
 _SAME_SHAPE = frozenset({"Identity", "Cast"})
 _OPERATORS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.FloorDiv: operator.floordiv,
@@ -78,8 +80,7 @@ def conv_channels(model: onnx.ModelProto) -> dict[tuple[str, int], int]:
     graph input reaching its data input unchanged (through Identity or Cast)."""
     graph = model.graph
     weights = {init.name: tuple(init.dims) for init in graph.initializer}
-    weights.update((node.output[0], tuple(a.t.dims)) for node in graph.node if node.op_type == "Constant"
-                   for a in node.attribute if a.name == "value" and a.HasField("t"))
+    weights.update((name, tuple(tensor.dims)) for name, tensor in constant_node_tensors(graph).items())
     consumers: dict[str, list[onnx.NodeProto]] = {}
     for node in graph.node:
         for name in set(node.input):

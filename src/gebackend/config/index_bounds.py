@@ -113,7 +113,7 @@ def length_limits(model: onnx.ModelProto) -> dict[str, tuple[LengthLimit, ...]]:
     ranks = {v.name: len(v.type.tensor_type.shape.dim) for v in graph.input
              if v.type.HasField("tensor_type") and v.type.tensor_type.HasField("shape")}
     tensors = {init.name: init for init in graph.initializer if init.name in stored}
-    tensors.update(_constant_node_tensors(graph))
+    tensors.update(constant_node_tensors(graph))
     found: dict[tuple[str, int], LengthLimit] = {}
     for node in graph.node:
         if node.op_type != "Gather" or len(node.input) < 2 or node.input[0] not in stored:
@@ -169,13 +169,18 @@ def _numbered_length(node: onnx.NodeProto, producers: dict[str, onnx.NodeProto],
 
 def _integer_values(tensor: onnx.TensorProto) -> np.ndarray | None:
     """A stored tensor's values when it holds integers stored in the file itself, else None."""
+    return stored_array(tensor) if tensor.data_type in _INTEGER_BITS else None
+
+
+def stored_array(tensor: onnx.TensorProto) -> np.ndarray | None:
+    """The values of a tensor stored in the file itself (not in external data), or None when they cannot be read."""
     from onnx import numpy_helper
 
-    if tensor.data_location == onnx.TensorProto.EXTERNAL or tensor.data_type not in _INTEGER_BITS:
+    if tensor.data_location == onnx.TensorProto.EXTERNAL:
         return None
     try:
         return numpy_helper.to_array(tensor)
-    except Exception:  # noqa: BLE001 - a tensor we cannot read is no buffer we know
+    except Exception:  # noqa: BLE001 - a tensor we cannot read is no value we know
         return None
 
 
@@ -194,7 +199,7 @@ def _stored_tables(model: onnx.ModelProto) -> dict[str, tuple[int, ...]]:
     graph = model.graph
     replaceable = {v.name for v in graph.input} if model.ir_version >= 4 else set()  # IR < 4: no replacing
     stored = {init.name: tuple(init.dims) for init in graph.initializer if init.name not in replaceable}
-    stored.update((name, tuple(tensor.dims)) for name, tensor in _constant_node_tensors(graph).items())
+    stored.update((name, tuple(tensor.dims)) for name, tensor in constant_node_tensors(graph).items())
     for node in graph.node:
         if node.op_type == "DequantizeLinear" and node.input and node.input[0] in stored and node.output:
             stored[node.output[0]] = stored[node.input[0]]
@@ -214,7 +219,7 @@ def _scalar_constants(model: onnx.ModelProto) -> dict[str, int]:
     `Gather` picks from a shape)."""
     from onnx import numpy_helper
 
-    named = [(t.name, t) for t in model.graph.initializer] + list(_constant_node_tensors(model.graph).items())
+    named = [(t.name, t) for t in model.graph.initializer] + list(constant_node_tensors(model.graph).items())
     values = {}
     for name, tensor in named:
         if math.prod(tensor.dims) != 1 or tensor.data_location == onnx.TensorProto.EXTERNAL:
@@ -275,7 +280,7 @@ def _holds(to: int, source: int) -> bool:
     return to_signed and to_bits > src_bits  # unsigned into a wider signed type
 
 
-def _constant_node_tensors(graph: onnx.GraphProto) -> dict[str, onnx.TensorProto]:
+def constant_node_tensors(graph: onnx.GraphProto) -> dict[str, onnx.TensorProto]:
     """The tensor each `Constant` node holds as its `value`, by the node's output."""
     return {node.output[0]: attribute.t for node in graph.node if node.op_type == "Constant" and node.output
             for attribute in node.attribute if attribute.name == "value" and attribute.HasField("t")}

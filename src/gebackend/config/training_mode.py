@@ -10,17 +10,16 @@ names them; the load warns and `gebackend analyze` says so, pointing to the expo
 
 from __future__ import annotations
 
-import numpy as np
 import onnx
-from onnx import numpy_helper
+
+from gebackend.config.index_bounds import constant_node_tensors, stored_array
 
 
 def training_nodes(model: onnx.ModelProto) -> tuple[str, ...]:
     """`"<op> '<name>'"` for each node of the main graph set to training mode by a value stored in the file."""
     graph = model.graph
     stored = {init.name: init for init in graph.initializer}
-    stored.update((node.output[0], attribute.t) for node in graph.node if node.op_type == "Constant" and node.output
-                  for attribute in node.attribute if attribute.name == "value" and attribute.HasField("t"))
+    stored.update(constant_node_tensors(graph))
     found = []
     for node in graph.node:
         label = f"{node.op_type} '{node.name or node.output[0]}'"
@@ -40,10 +39,5 @@ def describe(nodes: tuple[str, ...]) -> str:
 
 
 def _true(tensor: onnx.TensorProto | None) -> bool:
-    if tensor is None or tensor.data_location == onnx.TensorProto.EXTERNAL:
-        return False
-    try:
-        value = numpy_helper.to_array(tensor)
-    except Exception:  # noqa: BLE001 - a value we cannot read says nothing
-        return False
-    return value.size == 1 and bool(np.asarray(value).reshape(-1)[0])
+    value = None if tensor is None else stored_array(tensor)
+    return value is not None and value.size == 1 and bool(value.reshape(-1)[0])
