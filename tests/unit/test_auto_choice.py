@@ -201,19 +201,24 @@ def test_auto_on_this_cpu_serves_what_it_says_within_the_guard(bert_dir):
         instance.close()
 
 
+def _assert_fp32_served(instance, log, bert_dir, said: tuple[str, ...], how: str) -> None:
+    """The guard refused the lowered model once, saying `said`, and the instance answers as the fp32 file exactly."""
+    refused = [m for _, m in log.lines if "not served" in m]
+    assert len(refused) == 1 and "serving fp32" in refused[0] and all(s in refused[0] for s in said), log.lines
+    assert instance.executor.spec.options.engines.precision_mode == "origin"
+    assert how in instance.how
+    got, want = _run(instance, bert_dir)
+    for name, value in want.items():
+        np.testing.assert_allclose(got[name], value, rtol=1e-5, atol=1e-5)  # exact fp32, not int8
+
+
 def test_the_guard_serves_fp32_when_the_lowered_model_is_too_far(bert_dir):
     log = Log()
     # no int8 model reaches cosine 1.0 to fp32 exactly: the guard must refuse it and serve the original file
     instance = ModelInstance.load(_config("bert", precision_mode="int8", precision_min_cosine="1.0"), bert_dir,
                                   InstanceInfo("bert_0_0"), log, pin=False)
     try:
-        refused = [m for _, m in log.lines if "not served" in m]
-        assert len(refused) == 1 and "precision_min_cosine=1.0" in refused[0] and "serving fp32" in refused[0]
-        assert instance.executor.spec.options.engines.precision_mode == "origin"
-        assert "accuracy guard" in instance.how
-        got, want = _run(instance, bert_dir)
-        for name, value in want.items():
-            np.testing.assert_allclose(got[name], value, rtol=1e-5, atol=1e-5)  # exact fp32, not int8
+        _assert_fp32_served(instance, log, bert_dir, ("precision_min_cosine=1.0",), "accuracy guard")
     finally:
         instance.close()
 
@@ -232,13 +237,8 @@ def test_the_guard_serves_fp32_when_the_lowering_fails_and_without_it_the_load_f
     instance = ModelInstance.load(_config("bert", precision_mode="int8", precision_min_cosine="0.99"), bert_dir,
                                   InstanceInfo("bert_0_0"), log, pin=False)
     try:
-        refused = [m for _, m in log.lines if "not served" in m]
-        assert len(refused) == 1 and "lowering failed" in refused[0] and "Unable to find data type" in refused[0]
-        assert instance.executor.spec.options.engines.precision_mode == "origin"
-        assert "int8 refused by a failed lowering" in instance.how
-        got, want = _run(instance, bert_dir)
-        for name, value in want.items():
-            np.testing.assert_allclose(got[name], value, rtol=1e-5, atol=1e-5)
+        _assert_fp32_served(instance, log, bert_dir, ("lowering failed", "Unable to find data type"),
+                            "int8 refused by a failed lowering")
     finally:
         instance.close()
     with pytest.raises(ModelLoadError, match="precision_mode=int8: lowering model.onnx failed: RuntimeError: Unable"):
@@ -265,12 +265,8 @@ def test_the_guard_serves_fp32_when_the_engine_cannot_load_the_lowered_model(ber
     instance = ModelInstance.load(_config("bert", precision_mode="int8", precision_min_cosine="0.99"), bert_dir,
                                   InstanceInfo("bert_0_0"), log, pin=False)
     try:
-        refused = [m for _, m in log.lines if "not served" in m]
-        assert len(refused) == 1 and "its engine cannot load the lowered model" in refused[0], log.lines
-        assert "DequantizeLinear-17" in refused[0] and "int8 refused by its engine" in instance.how
-        got, want = _run(instance, bert_dir)
-        for name, value in want.items():
-            np.testing.assert_allclose(got[name], value, rtol=1e-5, atol=1e-5)
+        _assert_fp32_served(instance, log, bert_dir, ("its engine cannot load the lowered model", "DequantizeLinear-17"),
+                            "int8 refused by its engine")
     finally:
         instance.close()
     with pytest.raises(ModelLoadError, match="DequantizeLinear-17"):
