@@ -461,3 +461,29 @@ def test_bucket_sessions_spin_within_a_run_and_stop_when_it_returns(tmp_path, us
     assert f"allow_spinning={expected[0]}" in text
     single = OrtStaticEngine(compile_static(path, shapes[:1], 1 << 20)[0], BackendOptions())
     assert single._options.session.allow_spinning == "auto"  # one session: ORT's default
+
+
+@pytest.mark.parametrize("user, expected", [
+    ({}, ("on", "on")),  # buckets with a pool each spin within a run: the dynamic graph beside them too
+    ({"force_spinning_stop": "off"}, ("off", "off")),
+    ({"allow_spinning": "on"}, ("on", "auto")),  # the user's settings stand, for it as for the buckets
+])
+@pytest.mark.parametrize("beside", [{"bucket_fallback": "dynamic"}, {}])  # the fallback, or bucket_plan=measured's
+def test_the_dynamic_graph_beside_the_buckets_spins_as_they_do(tmp_path, monkeypatch, user, expected, beside):
+    from gebackend.runtime import loader
+
+    made = []  # the session options of every dynamic-graph engine the load makes beside the buckets
+
+    def recording(spec, *args, **kwargs):
+        engine = create(spec, *args, **kwargs)
+        made.append(engine._options.session)
+        return engine
+
+    create = loader.create_engine
+    monkeypatch.setattr(loader, "create_engine", recording)
+    path = tmp_path / "model.onnx"
+    onnx.save(build_resnet(), str(path))
+    static, log = _served(path, static=True, max_batch_size=4, **beside, **user)  # outside a stub: a pool per bucket
+    static.close()
+    assert len(made) == 1, log  # the fallback, which bucket_plan=measured times too; else the candidate it times
+    assert (made[0].allow_spinning, made[0].force_spinning_stop) == expected

@@ -174,6 +174,11 @@ class StaticEngine(Engine):
     def run(self, feeds: Mapping[str, np.ndarray], output_names: Sequence[str]) -> list[np.ndarray]:
         return self.run_bucket(self.bucket_of(feeds), feeds, output_names)
 
+    def companion_options(self, options: Any) -> Any:
+        """The backend options for a dynamic-graph engine that runs beside the buckets (the fallback, the batch sizes
+        measured faster on it) so that it keeps to the buckets' threading; `options` as they are by default."""
+        return options
+
     @abstractmethod
     def run_bucket(self, bucket: int, feeds: Mapping[str, np.ndarray], output_names: Sequence[str]) -> list[np.ndarray]:
         """Run bucket `bucket`'s graph on feeds of exactly its shapes; the outputs in the order of `output_names`."""

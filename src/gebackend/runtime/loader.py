@@ -240,11 +240,12 @@ def _static_executor(spec: ModelSpec, providers: Sequence, log: Callable[[str], 
                      fp32: Path | None = None) -> tuple[Executor, str]:
     engine, timable = _static_engine(spec, providers, log)
     static = spec.options.static
-    fallback = create_engine(spec, providers) if static.bucket_fallback == "dynamic" else None
+    beside = dataclasses.replace(spec, options=engine.companion_options(spec.options))  # the dynamic graph's spec
+    fallback = create_engine(beside, providers) if static.bucket_fallback == "dynamic" else None
     costs, dynamic_costs, candidate = None, None, None
     if timable and bucket_costs.worth_measuring(spec):
         if static.bucket_plan == "measured" and as_selection(providers).kind.name == "cpu":
-            candidate = fallback if fallback is not None else _dynamic_candidate(spec, providers, log)
+            candidate = fallback if fallback is not None else _dynamic_candidate(beside, providers, log)
         measured = _timed_costs(spec, providers, engine, output_names, candidate, log)
         if measured is not None:
             costs, dynamic_costs = measured
