@@ -87,6 +87,14 @@ def test_tune_quick_finds_a_winner_that_serves_right_and_rejects_int8(tmp_path):
     winner = data["winner"]
     assert statuses[winner] == "winner"
     assert (out / "tune.png").stat().st_size > 5000
+    # the engines' share of the gain is said for a winner off ONNX Runtime's exact graph, and only for one
+    numerics = next(c for c in data["candidates"] if c["key"] == winner)["choices"]["numerics"]
+    if numerics == ["onnxruntime", "origin"]:
+        assert data["engine_verdict"] is None
+    else:
+        assert data["engine_verdict"].startswith(f"In process, one request at a time on all cores (the accuracy guard's "
+                                                 f"timing): {numerics[0]} {numerics[1]} ")
+        assert f"tune: {data['engine_verdict']}" in done.stderr
     # the accuracy guard timed every accepted precision in process, and the screening order says so
     order = [n for n in data["meta"]["notes"] if n.startswith("screening order by the time of one request in process: ")]
     assert len(order) == 1, data["meta"]["notes"]

@@ -273,3 +273,30 @@ def test_the_cli_refuses_a_folder_without_config_and_a_missing_peer(tmp_path, ca
     folder = model_dir(tmp_path)
     assert main(["tune", str(folder), "--peer-backend-dir", str(tmp_path / "none")]) == 2
     assert "no onnxruntime backend in" in capsys.readouterr().err
+
+
+def test_the_report_parts_the_engines_gain_from_the_servings_for_a_lowered_winner(tmp_path):
+    search = peer_faster_search(tmp_path, peer_rounds=(60.0, 64.0), winner_ms=30.0)
+    int8 = next(c for c in space.space(2, ("onnxruntime",), (), 8, 4) if c.numerics == ("onnxruntime", "int8"))
+    search.winner.candidate = int8
+    verdict = report.engine_verdict(search)
+    # in process 30 ms exact against 15 ms int8: 2.00x; served 155 against 62: 2.50x, 1.25x the engines' ratio
+    assert verdict == ("In process, one request at a time on all cores (the accuracy guard's timing): onnxruntime int8 "
+                       "15.00 ms, ONNX Runtime's exact graph (the onnxruntime backend's engine and precision) 30.00 ms: "
+                       "the engines alone give 2.00x. Served, the winner is 2.50x the onnxruntime backend, 1.25x the "
+                       "engines' ratio: what instances, pinning and batching add or lose. More than that on this CPU "
+                       "needs a precision that computes faster than onnxruntime int8 within --min-cosine 0.999.")
+    data = report.summary(search, {"model": "addmul", "machine": "a CPU", "concurrency": 4}, {}, "cfg")
+    report.write(tmp_path, data)
+    assert json.loads((tmp_path / "report.json").read_text())["engine_verdict"] == verdict
+    assert verdict in (tmp_path / "report.md").read_text()
+
+
+def test_no_engine_verdict_for_the_exact_graph_or_untimed_precisions(tmp_path):
+    search = peer_faster_search(tmp_path)
+    assert search.winner.candidate.numerics == ("onnxruntime", "origin") and report.engine_verdict(search) is None
+    search.winner.candidate = next(c for c in space.space(2, ("onnxruntime",), (), 8, 4)
+                                   if c.numerics == ("onnxruntime", "int8"))
+    search.checks = {}  # the accuracy guard did not time them
+    assert report.engine_verdict(search) is None
+    assert report.summary(search, {"model": "m"}, {}, None)["engine_verdict"] is None

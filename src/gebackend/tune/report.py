@@ -6,6 +6,9 @@ fp32, its status ("winner", "ok", "rejected: cosine X < Y", "pruned: ...", "over
 budget", "failed: ..."), and its throughput over the baseline's (your config) and over the onnxruntime backend's
 where measured. The report names the CPU (gebackend.bench.runner.machine()). Where the onnxruntime backend served more
 than the winner in the same rounds, the report says so first, and what the measurements say of why (`peer_verdict`).
+Where the winner runs another precision or engine than the backend's exact ONNX Runtime graph, it says how much of
+its gain the engines give alone in process and how much the serving layout adds (`engine_verdict`): the bound a
+further tune on this CPU cannot pass without a faster precision.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import json
 from pathlib import Path
 from typing import Mapping, Sequence
 
+from gebackend.tune.numerics_order import EXACT
 from gebackend.tune.outcome import Outcome
 from gebackend.tune.search import Search
 
@@ -81,12 +85,37 @@ def peer_verdict(search: Search) -> str | None:
     return " ".join(lines)
 
 
+def engine_verdict(search: Search) -> str | None:
+    """The winner's precision against ONNX Runtime's exact graph (the onnxruntime backend's engine) as the accuracy
+    guard timed them in process, beside the served ratio to the backend where it was measured. None where the winner
+    is the exact ONNX Runtime graph or either was not timed."""
+    winner = search.winner
+    if winner is None or winner.candidate.numerics == EXACT:
+        return None
+    own, exact = search.checks.get(winner.candidate.numerics), search.checks.get(EXACT)
+    if own is None or exact is None or not own.run_ms or not exact.run_ms:
+        return None
+    engines = exact.run_ms / own.run_ms
+    engine, rung = winner.candidate.numerics
+    line = (f"In process, one request at a time on all cores (the accuracy guard's timing): {engine} {rung} "
+            f"{own.run_ms:.2f} ms, ONNX Runtime's exact graph (the onnxruntime backend's engine and precision) "
+            f"{exact.run_ms:.2f} ms: the engines alone give {engines:.2f}x.")
+    peer = search.reference("peer")
+    if peer is not None and peer.throughput and winner.throughput:
+        served = winner.throughput / peer.throughput
+        line += (f" Served, the winner is {served:.2f}x the onnxruntime backend, {served / engines:.2f}x the engines' "
+                 f"ratio: what instances, pinning and batching add or lose.")
+    return line + (" More than that on this CPU needs a precision that computes faster than "
+                   f"{engine} {rung} within --min-cosine {search.settings.min_cosine}.")
+
+
 def summary(search: Search, meta: Mapping, reasons: Mapping[str, str], config_text: str | None) -> dict:
     baseline, peer = search.reference("baseline"), search.reference("peer")
     return {
         "meta": dict(meta, notes=list(search.notes), interrupted=search.interrupted),
         "winner": search.winner.candidate.key if search.winner else None,
         "peer_verdict": peer_verdict(search),
+        "engine_verdict": engine_verdict(search),
         "reasons": dict(reasons),
         "references": [row(o, baseline, peer) for o in search.references],
         "candidates": [row(o, baseline, peer) for o in search.outcomes],
@@ -119,6 +148,8 @@ def markdown(data: Mapping) -> str:
             out += ["Your config measured faster than every candidate: keep it (`--apply` leaves it).", ""]
         if data.get("peer_verdict"):
             out += [data["peer_verdict"], ""]
+        if data.get("engine_verdict"):
+            out += [data["engine_verdict"], ""]
         out += ["Why each choice (the winner over the best candidate measured with the other value):", ""]
         out += [f"- {dim}: {text}" for dim, text in data.get("reasons", {}).items()]
         out.append("")
@@ -187,4 +218,4 @@ def write(out: Path, data: Mapping) -> None:
     plot(data, out / "tune.png")
 
 
-__all__: Sequence[str] = ["markdown", "plot", "row", "summary", "write"]
+__all__: Sequence[str] = ["engine_verdict", "markdown", "plot", "row", "summary", "write"]

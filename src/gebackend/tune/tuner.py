@@ -270,8 +270,9 @@ def run(settings: TuneSettings, progress: Callable[[str], None] = _stderr) -> tu
             "input_data": str(settings.input_data) if settings.input_data else "seeded random requests",
             "trim_padding": trim}
     data = report.summary(done, meta, reasons, text)
-    if data["peer_verdict"]:
-        progress(f"tune: {data['peer_verdict']}")
+    for verdict in ("peer_verdict", "engine_verdict"):
+        if data[verdict]:
+            progress(f"tune: {data[verdict]}")
     if settings.apply:
         data["meta"]["applied"] = apply(model.dir, text, done)
         progress(f"tune: --apply: {data['meta']['applied']}")
