@@ -139,8 +139,6 @@ class OrtStaticEngine(StaticEngine):
             options = options.replace(allow_spinning="on" if stop else "off",
                                       **({"force_spinning_stop": "on"} if stop else {}))
         self._options = options
-        self._spinning = {"allow_spinning": options.session.allow_spinning,
-                          "force_spinning_stop": options.session.force_spinning_stop}
         self._selection = as_selection(providers)  # engines/providers/: each bucket's provider options
         self.device = self._selection.device  # where buffers are bound: "cuda" or "cpu"
         self._refused: list[str] = []  # buckets whose graph capture ONNX Runtime refused
@@ -251,7 +249,8 @@ class OrtStaticEngine(StaticEngine):
         4-layer CN_CLIP text encoder, 2-core AVX2 EPYC, batches of 2 (a bucket) and 3 (the dynamic graph) in turn,
         40 rows/s against 53 for either alone. On the shared pool (or a pool per bucket with the user's spinning
         settings) the options are the buckets' already."""
-        return options.replace(**self._spinning)
+        buckets = self._options.session
+        return options.replace(allow_spinning=buckets.allow_spinning, force_spinning_stop=buckets.force_spinning_stop)
 
     def _open(self, graph: _Prepared, profile_prefix: Path | None, capture: bool) -> ort.InferenceSession:
         so = session_options(self._options.session)
