@@ -212,6 +212,23 @@ def _assert_fp32_served(instance, log, bert_dir, said: tuple[str, ...], how: str
         np.testing.assert_allclose(got[name], value, rtol=1e-5, atol=1e-5)  # exact fp32, not int8
 
 
+def _assert_guard_serves_fp32_and_none_fails(bert_dir, said: tuple[str, ...], how: str, fails: str) -> None:
+    """With a guard (0.99) the load serves the fp32 file (`_assert_fp32_served`); without one it fails, matching
+    `fails`."""
+    from gebackend.errors import ModelLoadError
+
+    log = Log()
+    instance = ModelInstance.load(_config("bert", precision_mode="int8", precision_min_cosine="0.99"), bert_dir,
+                                  InstanceInfo("bert_0_0"), log, pin=False)
+    try:
+        _assert_fp32_served(instance, log, bert_dir, said, how)
+    finally:
+        instance.close()
+    with pytest.raises(ModelLoadError, match=fails):
+        ModelInstance.load(_config("bert_no_guard", precision_mode="int8"), bert_dir, InstanceInfo("bert_1_0"), Log(),
+                           pin=False)
+
+
 def test_the_guard_serves_fp32_when_the_lowered_model_is_too_far(bert_dir):
     log = Log()
     # no int8 model reaches cosine 1.0 to fp32 exactly: the guard must refuse it and serve the original file
@@ -227,23 +244,14 @@ def test_the_guard_serves_fp32_when_the_lowering_fails_and_without_it_the_load_f
     """precision_mode=auto (whose guard is 0.99) on a model ONNX Runtime's quantizer fails on (it did on every
     transformer optimized by ONNX Runtime, `optimum-cli export onnx --optimize O2`) served fp32; it failed the load."""
     from gebackend.compile import precision
-    from gebackend.errors import ModelLoadError
 
     def fails(*args, **kwargs):
         raise RuntimeError("Unable to find data type for weight_name='w'")
 
     monkeypatch.setattr(precision, "_int8", fails)
-    log = Log()
-    instance = ModelInstance.load(_config("bert", precision_mode="int8", precision_min_cosine="0.99"), bert_dir,
-                                  InstanceInfo("bert_0_0"), log, pin=False)
-    try:
-        _assert_fp32_served(instance, log, bert_dir, ("lowering failed", "Unable to find data type"),
-                            "int8 refused by a failed lowering")
-    finally:
-        instance.close()
-    with pytest.raises(ModelLoadError, match="precision_mode=int8: lowering model.onnx failed: RuntimeError: Unable"):
-        ModelInstance.load(_config("bert_no_guard", precision_mode="int8"), bert_dir, InstanceInfo("bert_1_0"), Log(),
-                           pin=False)
+    _assert_guard_serves_fp32_and_none_fails(bert_dir, ("lowering failed", "Unable to find data type"),
+                                             "int8 refused by a failed lowering",
+                                             "precision_mode=int8: lowering model.onnx failed: RuntimeError: Unable")
 
 
 def test_the_guard_serves_fp32_when_the_engine_cannot_load_the_lowered_model(bert_dir, monkeypatch):
@@ -261,17 +269,8 @@ def test_the_guard_serves_fp32_when_the_engine_cannot_load_the_lowered_model(ber
         return real(spec, *args, **kwargs)
 
     monkeypatch.setattr(loader, "_build", build)
-    log = Log()
-    instance = ModelInstance.load(_config("bert", precision_mode="int8", precision_min_cosine="0.99"), bert_dir,
-                                  InstanceInfo("bert_0_0"), log, pin=False)
-    try:
-        _assert_fp32_served(instance, log, bert_dir, ("its engine cannot load the lowered model", "DequantizeLinear-17"),
-                            "int8 refused by its engine")
-    finally:
-        instance.close()
-    with pytest.raises(ModelLoadError, match="DequantizeLinear-17"):
-        ModelInstance.load(_config("bert_no_guard", precision_mode="int8"), bert_dir, InstanceInfo("bert_1_0"), Log(),
-                           pin=False)
+    _assert_guard_serves_fp32_and_none_fails(bert_dir, ("its engine cannot load the lowered model", "DequantizeLinear-17"),
+                                             "int8 refused by its engine", "DequantizeLinear-17")
 
 
 @pytest.mark.skipif(importlib.util.find_spec("openvino") is None, reason="OpenVINO is not installed")
