@@ -470,7 +470,7 @@ def test_the_pipeline_fills_what_the_static_engines_need_of_each_graph(tmp_path,
 def test_one_registered_pass_list_is_what_the_load_and_the_doctor_run(monkeypatch):
     from gebackend.compile.graph_pass import GraphPass, PassSkipped
 
-    assert [p.name for p in passes.PASSES] == ["specialise", "upgrade", "fold"]
+    assert [p.name for p in passes.PASSES] == ["specialise", "upgrade", "fold", "rows"]
     ran = []
 
     class Marks(GraphPass):

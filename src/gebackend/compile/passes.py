@@ -1,4 +1,4 @@
-"""The static graph passes, in the order they run: specialise, upgrade, fold. The load's pipeline and the doctor
+"""The static graph passes, in the order they run: specialise, upgrade, fold, rows. The load's pipeline and the doctor
 both compile through `compile_graph`, so this list is the one place that says which passes there are.
 
 Adding a pass is one module declaring a `PASS` (a `graph_pass.GraphPass`) and one line in `PASSES`.
@@ -12,7 +12,8 @@ a `size_limit` below 1 byte (`ValueError`, checked before any pass runs).
 - specialise (`specialize.py`): fix the input dims; a shape inference that gives up is left out;
 - upgrade (`upgrade.py`): IR < 4 files get IR 4 semantics; opset < 7 is converted to opset 7, which
   onnxslim needs (with `onnx.version_converter`; if that fails the fold is skipped, saying so);
-- fold (`fold.py`, onnxslim): constant folding under the size limit.
+- fold (`fold.py`, onnxslim): constant folding under the size limit;
+- rows (`unused_rows.py`): the rows of a sequence no output keeps (an encoder's tokens after the first) not computed.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from collections.abc import Mapping, Sequence
 
 import onnx
 
-from gebackend.compile import fold, specialize, upgrade
+from gebackend.compile import fold, specialize, unused_rows, upgrade
 from gebackend.compile.graph_pass import GraphPass, PassContext, PassSkipped, Warn, reason
 from gebackend.errors import ConfigError
 
@@ -29,6 +30,7 @@ PASSES: tuple[GraphPass, ...] = (
     specialize.PASS,
     upgrade.PASS,
     fold.PASS,
+    unused_rows.PASS,
 )
 
 __all__ = ["PASSES", "Warn", "compile_graph", "reason"]
@@ -41,7 +43,7 @@ def compile_graph(
     warn: Warn,
 ) -> onnx.ModelProto:
     """`model` through every pass of `PASSES`: specialised to `shapes` (none: inputs keep their dims), upgraded
-    when old, and folded.
+    when old, folded, and computing only the rows its outputs keep.
 
     `model` is not changed. Raises `ConfigError` when `shapes` does not fit the model and `ValueError` for a
     `size_limit` below 1; a pass that fails otherwise is skipped and reported to `warn`.

@@ -39,6 +39,7 @@ from typing import Callable, Sequence
 import onnx
 
 from gebackend.compile.untie import untie_constants
+from gebackend.compile.unused_rows import kept_rows_only
 from gebackend.errors import ModelLoadError
 
 PRECISIONS = ("origin", "fp16", "bf16", "int8")
@@ -80,7 +81,8 @@ def _large(path: Path) -> bool:
 @contextlib.contextmanager
 def quantizer_source(path: Path, scratch: Path, log: Callable[[str], None] = lambda message: None):
     """What to hand ONNX Runtime's quantizers for the model at `path`: the loaded model with its constants untied
-    (compile/untie.py: a Constant node or an Identity of an initializer hides it from them; `log` hears how many), or for a
+    (compile/untie.py: a Constant node or an Identity of an initializer hides it from them; `log` hears how many) and
+    computing only the rows of a sequence its outputs keep (compile/unused_rows.py), or for a
     model over 2 GB (which cannot be loaded whole, and is not untied) a path to it in a private folder under `scratch`.
 
     Given a path, the quantizers write `<stem>-inferred.onnx` beside it and delete it after. Beside the model that
@@ -95,7 +97,7 @@ def quantizer_source(path: Path, scratch: Path, log: Callable[[str], None] = lam
         if untied:
             log(f"precision int8: {untied} constant(s) the graph held in Constant nodes or shared through Identity "
                 "nodes made initializers of their own, so the quantizer sees them as constants")
-        yield _typed(model, log)
+        yield _typed(kept_rows_only(model, log, "precision int8"), log)
         return
     scratch.mkdir(parents=True, exist_ok=True)
     inferred = f"{path.stem}-inferred{path.suffix}"

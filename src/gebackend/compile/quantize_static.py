@@ -214,7 +214,7 @@ def quantize_nncf(path: Path, out: Path, samples: Sequence[dict], log: Callable[
     """NNCF static QDQ int8 of `path` (its ONNX backend) written to `out`; the number of QDQ nodes."""
     nncf = _import_nncf()
     large = _large(path)
-    model = _nncf_opset(onnx.load(str(path)), log)
+    model = _nncf_source(path, log)
     transformer = is_transformer(model)
     preset = nncf.QuantizationPreset.MIXED if transformer else nncf.QuantizationPreset.PERFORMANCE
     kwargs = {"model_type": nncf.ModelType.TRANSFORMER} if transformer else {}
@@ -240,7 +240,7 @@ def quantize_nncf(path: Path, out: Path, samples: Sequence[dict], log: Callable[
             # NNCF's SmoothQuant (its transformer default) fails on a MatMul whose weight the graph computes (a tied
             # embedding's transpose as the LM head, in torch's dynamo exports): quantized again without it, from a
             # fresh copy of the file (the failed run may have changed the one it had)
-            quantized = run(_nncf_opset(onnx.load(str(path)), lambda message: None), smooth_quant=False)
+            quantized = run(_nncf_source(path, lambda message: None), smooth_quant=False)
             log(f"precision int8: NNCF's SmoothQuant failed on this graph ({_short(first)}); quantized without it")
         with quiet():
             onnx.save_model(quantized, str(out), save_as_external_data=large, location=f"{out.name}.data")
@@ -254,6 +254,13 @@ def quantize_nncf(path: Path, out: Path, samples: Sequence[dict], log: Callable[
         f"({'Softmax and MatMul found' if transformer else 'no attention pattern'}), {len(samples)} calibration "
         f"sample(s)), {why}: {nodes} QuantizeLinear/DequantizeLinear node(s){_NONE if nodes == 0 else ''}")
     return nodes
+
+
+def _nncf_source(path: Path, log: Callable[[str], None]) -> onnx.ModelProto:
+    """The file as NNCF quantizes it: at an opset NNCF reads, computing only the rows its outputs keep."""
+    from gebackend.compile.unused_rows import kept_rows_only
+
+    return kept_rows_only(_nncf_opset(onnx.load(str(path)), log), log, "precision int8")
 
 
 NNCF_MIN_OPSET = 10  # NNCF's ONNX backend refuses older files ("ONNX models with opset version < 10 do not support ...")

@@ -1,0 +1,279 @@
+"""Which rows of its inputs a node needs for some rows of its output: the rules of compile/unused_rows.py, one per kind
+of op, and the view of the graph they read (who makes and reads each tensor, its dims, its constants).
+
+`plan(view, node, rows)` answers for the node making a tensor, `rows` (`Rows`: [start, stop) of one axis) of which
+are wanted: per input, the rows of it to compute from (None: the whole input, as a weight or a broadcast operand),
+and what of the node changes with them (a Reshape's target); or None when the node does not work row by row on that
+axis, or a dim the rule needs is unknown. Only ai.onnx ops have rules.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from gebackend.compile import light
+
+Dim = int | str | None  # a fixed dim, a symbolic one, or unknown
+
+_UNARY = frozenset({
+    "Abs", "Acos", "Asin", "Atan", "Cast", "Ceil", "Celu", "Cos", "Dropout", "Elu", "Erf", "Exp", "Floor", "Gelu",
+    "HardSigmoid", "HardSwish", "Identity", "IsInf", "IsNaN", "LeakyRelu", "Log", "Mish", "Neg", "Not", "Reciprocal",
+    "Relu", "Round", "Selu", "Sigmoid", "Sign", "Sin", "Softplus", "Softsign", "Sqrt", "Tan", "Tanh",
+    "ThresholdedRelu", "Clip", "CastLike",
+})  # input 0 row by row; Clip's bounds and CastLike's target are scalars / types
+_BROADCAST = frozenset({
+    "Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Mean", "Sum", "Mod", "Equal", "Greater", "Less",
+    "GreaterOrEqual", "LessOrEqual", "And", "Or", "Xor", "Where", "PRelu", "BitShift",
+})
+_REDUCE = frozenset({
+    "ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2", "ReduceLogSum",
+    "ReduceLogSumExp", "ReduceSumSquare",
+})
+
+
+@dataclass(frozen=True)
+class Rows:
+    """Rows [start, stop) of one axis of a tensor."""
+
+    axis: int
+    start: int
+    stop: int
+
+
+class GraphView:
+    """The model's nodes, who makes and who reads each tensor (`readers`: each reading node, once per input it is
+    read through; subgraph bodies' reads in `body_reads`), its dims as shape inference gives them and its constants."""
+
+    def __init__(self, model: onnx.ModelProto) -> None:
+        graph = model.graph
+        self.model = model
+        self.opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
+        self.maker = {out: node for node in graph.node for out in node.output if out}
+        self.readers: dict[str, list[onnx.NodeProto]] = {}
+        for node in graph.node:
+            for name in node.input:
+                if name:
+                    self.readers.setdefault(name, []).append(node)
+        self.body_reads = subgraph_reads(graph)
+        self.outputs = {value.name for value in graph.output}
+        self.values = {init.name: init for init in graph.initializer}
+        for node in graph.node:
+            if node.op_type == "Constant" and len(node.attribute) == 1 and node.attribute[0].name == "value":
+                self.values[node.output[0]] = node.attribute[0].t
+        inferred = light.infer_shapes(model, data_prop=True)
+        self.dims: dict[str, tuple[Dim, ...]] = {}
+        for value in (*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output):
+            tensor = value.type.tensor_type
+            if value.type.WhichOneof("value") == "tensor_type" and tensor.HasField("shape"):
+                self.dims[value.name] = tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
+                                              for d in tensor.shape.dim)
+        for init in graph.initializer:
+            self.dims[init.name] = tuple(init.dims)
+
+    def constant(self, name: str) -> np.ndarray | None:
+        tensor = self.values.get(name)
+        return None if tensor is None else numpy_helper.to_array(tensor)
+
+    def ints(self, node: onnx.NodeProto, attribute: str, input_index: int) -> list[int] | None:
+        """An int-list operand given as an attribute (older opsets) or a constant input (newer ones)."""
+        for attr in node.attribute:
+            if attr.name == attribute:
+                return list(helper.get_attribute_value(attr))
+        if len(node.input) > input_index and node.input[input_index]:
+            value = self.constant(node.input[input_index])
+            return None if value is None else [int(v) for v in value.reshape(-1)]
+        return None
+
+
+def attribute(node: onnx.NodeProto, name: str, default):
+    for attr in node.attribute:
+        if attr.name == name:
+            return helper.get_attribute_value(attr)
+    return default
+
+
+def _broadcast_input(graph: GraphView, name: str, rows: Rows, rank: int, out_dim: Dim):
+    """How input `name` of a broadcasting op takes `rows` of the output: None (it broadcasts there: unchanged),
+    the Rows on its own axis, or False (its dim there is unknown: cannot tell)."""
+    dims = graph.dims.get(name)
+    if dims is None:
+        return False
+    axis = rows.axis - (rank - len(dims))
+    if axis < 0 or dims[axis] == 1:
+        return None
+    if dims[axis] == out_dim and out_dim is not None:
+        return Rows(axis, rows.start, rows.stop)
+    return False
+
+
+Plan = list  # per input: Rows to take, or None to keep it whole; or None when the node cannot pass the rows
+
+
+def plan(graph: GraphView, node: onnx.NodeProto, rows: Rows) -> tuple[Plan, dict] | None:
+    """Which rows of each input make `rows` of the node's (first) output, and what of the node must change with them
+    ({"shape": new Reshape target}); None when the node does not work row by row on that axis."""
+    out_dims = graph.dims.get(node.output[0])
+    if out_dims is None or node.domain not in ("", "ai.onnx"):
+        return None
+    rank, op = len(out_dims), node.op_type
+    keep = [None] * len(node.input)
+    if op in _UNARY:
+        return [rows, *keep[1:]], {}
+    if op in _BROADCAST:
+        parts = [_broadcast_input(graph, name, rows, rank, out_dims[rows.axis]) for name in node.input]
+        return None if False in parts else (parts, {})
+    if op == "MatMul":
+        a_dims, b_dims = graph.dims.get(node.input[0]), graph.dims.get(node.input[1])
+        if a_dims is None or b_dims is None or len(a_dims) < 2 or len(b_dims) < 2:
+            return None
+        if rows.axis == rank - 2:
+            return [Rows(len(a_dims) - 2, rows.start, rows.stop), None], {}
+        if rows.axis == rank - 1:
+            return [None, Rows(len(b_dims) - 1, rows.start, rows.stop)], {}
+        parts = [_broadcast_input(graph, name, rows, rank, out_dims[rows.axis]) for name in node.input]
+        return None if False in parts else (parts, {})
+    if op == "Gemm":
+        if rows.axis != 0 or attribute(node, "transA", 0):
+            return None
+        parts = [Rows(0, rows.start, rows.stop), None]
+        if len(node.input) > 2:
+            bias = _broadcast_input(graph, node.input[2], rows, rank, out_dims[0])
+            if bias is False:
+                return None
+            parts.append(bias)
+        return parts, {}
+    if op in ("Softmax", "LogSoftmax", "Hardmax"):
+        axis = attribute(node, "axis", -1 if graph.opset >= 13 else 1) % rank
+        passes = rows.axis != axis if graph.opset >= 13 else rows.axis < axis
+        return ([rows], {}) if passes else None
+    if op == "LayerNormalization":
+        axis = attribute(node, "axis", -1) % rank
+        return ([rows, *keep[1:]], {}) if rows.axis < axis else None
+    if op in _REDUCE:
+        return _plan_reduce(graph, node, rows)
+    if op == "Transpose":
+        perm = attribute(node, "perm", list(range(rank))[::-1])
+        return [Rows(perm[rows.axis], rows.start, rows.stop)], {}
+    if op == "Reshape":
+        return _plan_reshape(graph, node, rows)
+    if op in ("Unsqueeze", "Squeeze"):
+        axes = graph.ints(node, "axes", 1)
+        in_dims = graph.dims.get(node.input[0])
+        if axes is None or in_dims is None:
+            return None
+        if op == "Unsqueeze":
+            added = {a % rank for a in axes}
+            if rows.axis in added:
+                return None
+            axis = rows.axis - sum(1 for a in added if a < rows.axis)
+        else:
+            removed = {a % len(in_dims) for a in axes}
+            kept = [a for a in range(len(in_dims)) if a not in removed]
+            axis = kept[rows.axis]
+        return [Rows(axis, rows.start, rows.stop), *keep[1:]], {}
+    if op == "Concat":
+        return ([rows] * len(node.input), {}) if attribute(node, "axis", 0) % rank != rows.axis else None
+    if op == "Slice":
+        axes = graph.ints(node, "axes", 3)
+        if axes is None:
+            starts = graph.ints(node, "starts", 1)
+            axes = None if starts is None else list(range(len(starts)))
+        if axes is None or rows.axis in {a % rank for a in axes}:
+            return None
+        return [rows, *keep[1:]], {}
+    if op == "Gather":
+        in_dims, index_dims = graph.dims.get(node.input[0]), graph.dims.get(node.input[1])
+        if in_dims is None or index_dims is None:
+            return None
+        axis, width = attribute(node, "axis", 0) % len(in_dims), len(index_dims)
+        if rows.axis < axis:
+            return [rows, None], {}
+        if rows.axis >= axis + width:
+            return [Rows(rows.axis - width + 1, rows.start, rows.stop), None], {}
+        return None
+    return None
+
+
+def _plan_reduce(graph: GraphView, node: onnx.NodeProto, rows: Rows) -> tuple[Plan, dict] | None:
+    in_dims = graph.dims.get(node.input[0])
+    by_input = node.op_type == "ReduceSum" and graph.opset >= 13 or graph.opset >= 18
+    axes = graph.ints(node, "axes", 1) if by_input or any(a.name == "axes" for a in node.attribute) else None
+    if in_dims is None or not axes:
+        return None  # no axes: every axis is reduced (or none, with noop_with_empty_axes)
+    reduced = {a % len(in_dims) for a in axes}
+    if attribute(node, "keepdims", 1):
+        axis = rows.axis
+    else:
+        kept = [a for a in range(len(in_dims)) if a not in reduced]
+        axis = kept[rows.axis]
+    if axis in reduced:
+        return None
+    return [Rows(axis, rows.start, rows.stop), *[None] * (len(node.input) - 1)], {}
+
+
+def _plan_reshape(graph: GraphView, node: onnx.NodeProto, rows: Rows) -> tuple[Plan, dict] | None:
+    """A Reshape passes rows whose elements lie in one block of the input too: output dims before the axis multiply
+    to the input's dims before some axis, and that axis splits into whole rows. Its new target is written out: the
+    output's dims with the rows' count, `0` (copy) for a symbolic dim the input has at the same place."""
+    in_dims, out_dims = graph.dims.get(node.input[0]), graph.dims.get(node.output[0])
+    if in_dims is None or out_dims is None or attribute(node, "allowzero", 0):
+        return None
+    target = []
+    for index, dim in enumerate(out_dims):
+        if index == rows.axis:
+            target.append(rows.stop - rows.start)
+        elif isinstance(dim, int) and dim > 0:
+            target.append(dim)
+        elif isinstance(dim, str) and index < rows.axis and index < len(in_dims) and in_dims[index] == dim \
+                and in_dims[:index] == out_dims[:index]:
+            target.append(0)
+        else:
+            return None
+    outer_out = out_dims[:rows.axis]
+    inner = _product(out_dims[rows.axis + 1:])
+    if inner is None:
+        return None
+    for axis in range(len(in_dims)):
+        if not _same_product(in_dims[:axis], outer_out):
+            continue
+        below = _product(in_dims[axis + 1:])
+        if below is None or (rows.start * inner) % below or (rows.stop * inner) % below:
+            continue
+        if isinstance(in_dims[axis], int) and isinstance(out_dims[rows.axis], int) \
+                and in_dims[axis] * below != out_dims[rows.axis] * inner:
+            continue
+        if not isinstance(in_dims[axis], int) and (in_dims[axis] != out_dims[rows.axis] or below != inner):
+            continue
+        return [Rows(axis, rows.start * inner // below, rows.stop * inner // below), None], {"shape": target}
+    return None
+
+
+def _product(dims: Sequence[Dim]) -> int | None:
+    return math.prod(dims) if all(isinstance(d, int) for d in dims) else None
+
+
+def _same_product(left: Sequence[Dim], right: Sequence[Dim]) -> bool:
+    """Whether two lists of dims multiply to the same number: equal when fixed, the same symbols otherwise."""
+    fixed_left, fixed_right = _product(left), _product(right)
+    if fixed_left is not None and fixed_right is not None:
+        return fixed_left == fixed_right
+    if None in left or None in right:
+        return False
+    return tuple(left) == tuple(right)
+
+
+def subgraph_reads(graph: onnx.GraphProto) -> set[str]:
+    """Names the subgraphs of `graph`'s nodes (If, Loop, Scan bodies) read, at any depth."""
+    names: set[str] = set()
+    for node in graph.node:
+        for attr in node.attribute:
+            for body in ([attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)):
+                names.update(name for inner in body.node for name in inner.input)
+                names.update(subgraph_reads(body))
+    return names

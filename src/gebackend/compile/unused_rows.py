@@ -1,0 +1,300 @@
+"""Rows no output reads: a graph that keeps some rows of a sequence computes only those rows where it can.
+
+A text or image encoder that answers with its first token (BERT's and CLIP's `[CLS]`: `x[:, 0]`, a `Gather` or
+`Slice` on the sequence axis) computes its last layer for every token and then keeps one: on CN_CLIP's 4-layer text
+encoder a fifth of its multiply-adds go to rows nobody reads. This pass moves such a selection up through the nodes
+that work row by row on that axis (the rules: compile/row_rules.py) as far as every reader of a tensor wants the same
+rows of it: in a transformer up to the last layer's input, whose keys and values every kept query row needs. The
+nodes in that region then compute the kept rows only; the answers are the same (the same operations on the same
+values; only a batched kernel's rounding may differ).
+
+A `Shape` of a tensor in the region is answered from the kept rows with the axis' full size written back, where
+that size is known; elsewhere an unknown dim stops the region there, which is always correct. Works on fixed dims (a
+static graph) and on a file's symbolic ones (`batch`). Used twice: as a static graph pass (`PASS`, after folding),
+and on the file a lowering quantizes (compile/precision.py), so an int8 model computes the kept rows only too.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from gebackend.compile import light
+from gebackend.compile.graph_pass import GraphPass, PassContext
+from gebackend.compile.row_rules import GraphView, Rows, attribute, plan, subgraph_reads
+
+MIN_OPSET = 11  # Slice's bounds as inputs (10) and ScatterElements (11) for a Shape answered from the kept rows
+
+
+def _seed(view: GraphView, node: onnx.NodeProto) -> Rows | None:
+    """The rows a Gather of one index, or a Slice of one axis with step 1, keeps of a computed tensor; else None."""
+    if node.domain not in ("", "ai.onnx") or node.op_type not in ("Gather", "Slice") or not node.input:
+        return None
+    dims = view.dims.get(node.input[0])
+    maker = view.maker.get(node.input[0])
+    if dims is None or maker is None or maker.op_type in ("Shape", "Constant"):
+        return None
+    if node.op_type == "Gather":
+        index = view.constant(node.input[1]) if len(node.input) > 1 else None
+        if index is None or index.size != 1:
+            return None
+        axis, start = attribute(node, "axis", 0) % len(dims), int(index.reshape(-1)[0])
+        if start < 0:
+            if not isinstance(dims[axis], int):
+                return None
+            start += dims[axis]
+        stop = start + 1
+    else:
+        starts, ends = view.ints(node, "starts", 1), view.ints(node, "ends", 2)
+        axes, steps = view.ints(node, "axes", 3), view.ints(node, "steps", 4)
+        if starts is None or ends is None or len(starts) != 1 or (steps is not None and steps != [1]):
+            return None
+        axis = (axes[0] if axes else 0) % len(dims)
+        if not isinstance(dims[axis], int):
+            return None
+        start, stop = (max(0, min(v + dims[axis] if v < 0 else v, dims[axis])) for v in (starts[0], ends[0]))
+    size = dims[axis]
+    if start < 0 or stop <= start or (isinstance(size, int) and not (stop <= size and stop - start < size)):
+        return None
+    return Rows(axis, start, stop)
+
+
+def _answerable_shape(view: GraphView, reader: onnx.NodeProto, rows: Rows, name: str) -> bool:
+    """Whether `reader` is a whole `Shape` of `name` that the kept rows can answer: the axis' size is known."""
+    dims = view.dims.get(name)
+    return (reader.op_type == "Shape" and reader.domain in ("", "ai.onnx") and not reader.attribute
+            and dims is not None and isinstance(dims[rows.axis], int))
+
+
+class _Region:
+    """The tensors that can be computed for the wanted rows only, from a selection upwards."""
+
+    def __init__(self, view: GraphView, seed: onnx.NodeProto, rows: Rows) -> None:
+        self.view, self.seed = view, seed
+        self.wanted: dict[str, Rows] = {}  # every tensor some node of the region wants rows of
+        self.plans: dict[str, tuple] = {}  # tensor -> its maker's plan, where the maker works row by row
+        conflicting: set[str] = set()
+        stack = [(seed.input[0], rows)]
+        while stack:
+            name, part = stack.pop()
+            if name in self.wanted:
+                if self.wanted[name] != part:
+                    conflicting.add(name)
+                continue
+            self.wanted[name] = part
+            node = view.maker.get(name)
+            if node is None or name in view.outputs or name in view.body_reads or node.output[0] != name \
+                    or any(out and (out in view.readers or out in view.outputs) for out in node.output[1:]):
+                continue
+            planned = plan(view, node, part)
+            if planned is None:
+                continue
+            self.plans[name] = planned
+            stack.extend((source, need) for source, need in zip(node.input, planned[0]) if need is not None and source)
+        self.movable = set(self.plans) - conflicting
+        while True:  # keep a tensor only where every reader is in the region, wanting the same rows
+            reads = self._reads()
+            dropped = {name for name in self.movable if reads[name] != len(view.readers.get(name, ()))}
+            if not dropped:
+                break
+            self.movable -= dropped
+
+    def _reads(self) -> Counter:
+        reads: Counter = Counter()
+        for name in self.movable:
+            node, parts = self.view.maker[name], self.plans[name][0]
+            reads.update(source for source, need in zip(node.input, parts)
+                         if need is not None and need == self.wanted.get(source))
+        reads[self.seed.input[0]] += sum(1 for name in self.seed.input if name == self.seed.input[0])
+        for name in self.movable:
+            reads[name] += sum(1 for reader in self.view.readers.get(name, ())
+                               if _answerable_shape(self.view, reader, self.wanted[name], name))
+        return reads
+
+    def moves(self) -> bool:
+        return self.seed.input[0] in self.movable
+
+
+class _Writer:
+    """The nodes a rewrite adds, with names no tensor or node of the graph has (a graph this pass ran on before has
+    names of the same pattern)."""
+
+    def __init__(self, taken: set[str]) -> None:
+        self.taken, self.nodes = taken, []
+
+    def name(self, base: str) -> str:
+        number = 1
+        while f"{base}__rows{number}" in self.taken:
+            number += 1
+        self.taken.add(f"{base}__rows{number}")
+        return f"{base}__rows{number}"
+
+    def node(self, op_type: str, inputs, base: str, outputs=None, **attributes) -> str:
+        outputs = outputs or [self.name(base)]
+        self.nodes.append(helper.make_node(op_type, list(inputs), outputs, name=self.name(base + "_node"), **attributes))
+        return outputs[0]
+
+    def constant(self, values, base: str, dtype=np.int64) -> str:
+        name = self.name(base)
+        self.nodes.append(helper.make_node("Constant", [], [name], name=name,
+                                           value=numpy_helper.from_array(np.asarray(values, dtype=dtype), name)))
+        return name
+
+
+def _rewrite(model: onnx.ModelProto, region: _Region) -> onnx.ModelProto:
+    """The nodes of `region` computing the wanted rows only, their Shape readers and the selection made to read them."""
+    view = region.view
+    taken = {out for node in model.graph.node for out in node.output} | {v.name for v in model.graph.input} \
+        | {init.name for init in model.graph.initializer} | {node.name for node in model.graph.node}
+    writer = _Writer(taken)
+    renamed: dict[str, str] = {}
+
+    def take(source: str, need: Rows) -> str:
+        if source in region.movable and region.wanted[source] == need:
+            return renamed[source]
+        return writer.node("Slice", [source, writer.constant([need.start], source + "_start"),
+                                     writer.constant([need.stop], source + "_stop"),
+                                     writer.constant([need.axis], source + "_axis")], source + "_rows")
+
+    replaced: set[int] = set()  # the original nodes the rewrite answers for
+    for node in model.graph.node:  # in graph order: a node's moved inputs are written before it
+        name = node.output[0] if node.output else ""
+        if name not in region.movable:
+            continue
+        parts, changes = region.plans[name]
+        inputs = [take(source, need) if need is not None and source else source for source, need in zip(node.input, parts)]
+        if "shape" in changes:
+            inputs[1] = writer.constant(changes["shape"], name + "_shape")
+        moved = onnx.NodeProto()
+        moved.CopyFrom(node)
+        del moved.input[:], moved.output[:]
+        moved.input.extend(inputs)
+        renamed[name] = writer.name(name)
+        moved.output.append(renamed[name])
+        moved.name = writer.name((node.name or name) + "_kept")
+        writer.nodes.append(moved)
+        for reader in view.readers.get(name, ()):
+            if _answerable_shape(view, reader, region.wanted[name], name):
+                rows = region.wanted[name]
+                shape = writer.node("Shape", [renamed[name]], name + "_shape")
+                writer.node("ScatterElements", [shape, writer.constant([rows.axis], name + "_axis"),
+                                                writer.constant([view.dims[name][rows.axis]], name + "_size")],
+                            name + "_size", outputs=list(reader.output), axis=0)
+                replaced.add(id(reader))
+    seed = region.seed
+    if seed.op_type == "Gather":
+        index = np.zeros_like(view.constant(seed.input[1]))  # the one row kept is now the only one
+        writer.node("Gather", [renamed[seed.input[0]], writer.constant(index, seed.input[1], index.dtype)],
+                                seed.output[0], outputs=list(seed.output), axis=attribute(seed, "axis", 0))
+    else:
+        writer.node("Identity", [renamed[seed.input[0]]], seed.output[0], outputs=list(seed.output))
+    replaced.add(id(seed))
+    nodes = [node for node in model.graph.node if id(node) not in replaced] + writer.nodes
+    return _live(model, _in_order(nodes, model))
+
+
+def _in_order(nodes: list[onnx.NodeProto], model: onnx.ModelProto) -> list[onnx.NodeProto]:
+    """`nodes` sorted so that each comes after the makers of what it reads (its subgraphs' outer reads included),
+    keeping the given order where it may."""
+    maker = {out: index for index, node in enumerate(nodes) for out in node.output if out}
+    needs = []
+    for node in nodes:
+        reads = set(node.input) | subgraph_reads(onnx.helper.make_graph([node], "n", [], []))
+        needs.append(sorted({maker[name] for name in reads if name in maker}))
+    done, order = [False] * len(nodes), []
+    for root in range(len(nodes)):
+        stack = [(root, 0)]
+        while stack:
+            index, next_need = stack.pop()
+            if done[index]:
+                continue
+            if next_need < len(needs[index]):
+                stack.append((index, next_need + 1))
+                if not done[needs[index][next_need]]:
+                    stack.append((needs[index][next_need], 0))
+                continue
+            done[index] = True
+            order.append(nodes[index])
+    return order
+
+
+def _live(model: onnx.ModelProto, nodes: list[onnx.NodeProto]) -> onnx.ModelProto:
+    """A model of the `nodes` some graph output needs (a new model; no weight is copied)."""
+    needed = {value.name for value in model.graph.output} | subgraph_reads(model.graph)
+    kept = []
+    for node in reversed(nodes):
+        if any(out in needed for out in node.output if out):
+            kept.append(node)
+            needed.update(name for name in node.input if name)
+            needed |= subgraph_reads(onnx.helper.make_graph([node], "n", [], []))
+    kept.reverse()
+    out = light.with_initializers(model, [init for init in model.graph.initializer if init.name in needed])
+    del out.graph.node[:]
+    out.graph.node.extend(kept)
+    made = {name for node in kept for name in node.output}
+    values = [value for value in out.graph.value_info if value.name in made]
+    del out.graph.value_info[:]
+    out.graph.value_info.extend(values)
+    return out
+
+
+def _prune_once(model: onnx.ModelProto, done: set[str]) -> tuple[onnx.ModelProto, int]:
+    """`model` with the first selection not in `done` (by output name) that can move up moved (a new model; its name
+    then added to `done`) and how many nodes now compute the kept rows only; (`model`, 0) when none can."""
+    view = GraphView(model)
+    for node in model.graph.node:
+        rows = None if not node.output or node.output[0] in done else _seed(view, node)
+        if rows is None:
+            continue
+        done.add(node.output[0])  # moved once: what it reads now has the kept rows only, whatever their dims say
+        region = _Region(view, node, rows)
+        if region.moves():
+            return _rewrite(model, region), len(region.movable)
+    return model, 0
+
+
+def prune_unused_rows(model: onnx.ModelProto, limit: int = 16) -> tuple[onnx.ModelProto, int]:
+    """`model` computing only the rows its selections keep (a new model; `model` is not changed) and how many nodes
+    now do; `model` itself and 0 when none can (no selection of a tensor computed row by row, or an opset below
+    `MIN_OPSET`). At most `limit` selections are moved."""
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+    if opset < MIN_OPSET:
+        return model, 0
+    total, done = 0, set()
+    for _ in range(limit):
+        model, moved = _prune_once(model, done)
+        if not moved:
+            break
+        total += moved
+    return model, total
+
+
+def kept_rows_only(model: onnx.ModelProto, log: Callable[[str], None], what: str) -> onnx.ModelProto:
+    """`prune_unused_rows` for a lowering's input: the model to quantize (`model` where nothing moved), the load log
+    told how many nodes now compute the kept rows only (`what`: the log line's start, "precision int8")."""
+    pruned, moved = prune_unused_rows(model)
+    if moved:
+        log(f"{what}: {moved} node(s) compute only the rows of a sequence the outputs keep (the first token), "
+            f"before quantizing")
+    return pruned
+
+
+class UnusedRowsPass(GraphPass):
+    """Compute only the rows of a sequence an output keeps (an encoder's first token)."""
+
+    name = "rows"
+
+    def run(self, model: onnx.ModelProto, context: PassContext) -> onnx.ModelProto:
+        pruned, moved = prune_unused_rows(model)
+        if not moved:
+            return model
+        from gebackend.compile.specialize import infer  # specialize.py declares a pass: imported late
+
+        return infer(pruned, context.warn)  # the moved nodes' shapes, which the static engines read
+
+
+PASS = UnusedRowsPass()
