@@ -10,21 +10,24 @@ values; only a batched kernel's rounding may differ).
 
 A `Shape` of a tensor in the region is answered from the kept rows with the axis' full size written back, where
 that size is known; elsewhere an unknown dim stops the region there, which is always correct. Works on fixed dims (a
-static graph) and on a file's symbolic ones (`batch`). Used twice: as a static graph pass (`PASS`, after folding),
-and on the file a lowering quantizes (compile/precision.py), so an int8 model computes the kept rows only too.
+static graph) and on a file's symbolic ones (`batch`). Used three times: on the file every instance serves, in either
+graph mode (`served_kept_rows`, a copy: config/model_copy.py), as a static graph pass after folding (`PASS`: fixed dims
+let it move further, through an attention's Reshapes), and on the file a lowering quantizes (compile/precision.py,
+for a caller lowering a file of its own), so an int8 model computes the kept rows only too.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
 from gebackend.compile import light
-from gebackend.compile.graph_pass import GraphPass, PassContext
+from gebackend.compile.graph_pass import GraphPass, PassContext, reason
 from gebackend.compile.row_rules import GraphView, Rows, attribute, plan, subgraph_reads
 
 MIN_OPSET = 11  # Slice's bounds as inputs (10) and ScatterElements (11) for a Shape answered from the kept rows
@@ -281,6 +284,43 @@ def kept_rows_only(model: onnx.ModelProto, log: Callable[[str], None], what: str
         log(f"{what}: {moved} node(s) compute only the rows of a sequence the outputs keep (the first token), "
             f"before quantizing")
     return pruned
+
+
+def selections(model: onnx.ModelProto) -> tuple[str, ...]:
+    """The outputs of the nodes that may keep some rows of a computed tensor (a Gather of one constant index, a Slice
+    of constant bounds on one axis), found without shape inference: where there are none, the pass has nothing to do."""
+    constants = {init.name for init in model.graph.initializer} | {
+        node.output[0] for node in model.graph.node if node.op_type == "Constant" and node.output}
+    computed = {out: node.op_type for node in model.graph.node for out in node.output}
+    found = []
+    for node in model.graph.node:
+        if node.domain not in ("", "ai.onnx") or node.op_type not in ("Gather", "Slice") or len(node.input) < 2:
+            continue
+        if computed.get(node.input[0]) in (None, "Shape", "Constant"):
+            continue
+        if all(name in constants for name in node.input[1:] if name):
+            found.append(node.output[0])
+    return tuple(found)
+
+
+def served_kept_rows(path: Path, signature, log: Callable[[str], None] = lambda message: None,
+                     temp_parent: Path | None = None) -> Path:
+    """The file the engines load, in either graph mode: `path` itself (its `signature` lists no selection: the file is
+    not read again; or none moves), or a copy computing only the kept rows (config/model_copy.py), said in the log."""
+    if not signature.selections:
+        return path
+    model = onnx.load(str(path), load_external_data=False)
+    try:
+        pruned, moved = prune_unused_rows(model)
+    except Exception as exc:  # noqa: BLE001 - an optimisation: the file as it is still serves
+        log(f"the rows pass failed on the file ({reason(exc)}); the file is served as it is")
+        return path
+    if not moved:
+        return path
+    log(f"{moved} node(s) compute only the rows of a sequence the outputs keep (the first token): served from a copy")
+    from gebackend.config.model_copy import served_copy
+
+    return served_copy(pruned, Path(path), temp_parent, "ge-rows-", "computing only the rows its outputs keep")
 
 
 class UnusedRowsPass(GraphPass):

@@ -46,6 +46,9 @@ class Signature:
     unzipped: tuple[str, ...] = ()
     # nodes the file runs in training mode (a module exported without model.eval(): config/training_mode.py)
     training: tuple[str, ...] = ()
+    # outputs of nodes that may keep some rows of a computed tensor (an encoder's first token): the file is served
+    # computing those rows only where it can (compile/unused_rows.py)
+    selections: tuple[str, ...] = ()
 
     def input(self, name: str) -> OnnxTensor | None:
         return next((t for t in self.inputs if t.name == name), None)
@@ -92,7 +95,9 @@ def signature_of(model: onnx.ModelProto) -> Signature:
     defaults = () if model.ir_version < 4 else tuple(
         _tensor(v, "input") for v in model.graph.input if v.name in initializers)
     unzipped_names = tuple(v.name for v in model.graph.output if v.name in zipped) if served is not None else ()
-    return Signature(inputs, outputs, defaults, unzipped_names, training_nodes(model))
+    from gebackend.compile.unused_rows import selections
+
+    return Signature(inputs, outputs, defaults, unzipped_names, training_nodes(model), selections(model))
 
 
 def read_signature(path: str | Path) -> Signature:

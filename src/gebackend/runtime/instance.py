@@ -17,6 +17,7 @@ from typing import Any, Callable, Mapping, Protocol, Sequence
 
 import numpy as np
 
+from gebackend.compile.unused_rows import served_kept_rows
 from gebackend.config.io_names import aliased_model
 from gebackend.config.local_functions import served_inlined
 from gebackend.config.model_file import find_model_file
@@ -114,6 +115,7 @@ class ModelInstance:
         path, defaults = served_model(config, path, signature, say, server_temp_parent())  # optional inputs: plain ones
         path = served_locale(path, signature, say, server_temp_parent())  # StringNormalizer: a locale this machine has
         path = served_unzipped(path, signature, say, server_temp_parent())  # a classifier's ZipMap: its tensor
+        path = served_kept_rows(path, signature, say, server_temp_parent())  # the first token: its rows only
         options, ledger, lending = _pin(name, instance, config, parsed.options, log) if pin else (parsed.options, None, None)
         pinned = options
         options = _resolve_auto(options, path, signature, say)
