@@ -263,3 +263,60 @@ def test_the_pass_runs_again_on_its_own_output(exports, name):
     names = [node.name for node in again.graph.node if node.name]
     assert len(names) == len(set(names))
     _same_answers(original, again, feeds)
+
+
+@pytest.mark.parametrize("stop, moves", [(1, False), (4, True), (8, True), (6, False)])
+def test_a_reshape_merging_the_kept_axis_passes_whole_rows_only(stop, moves):
+    """y = relu(x @ w) [2, 5, 4] flattened to [2, 20]; elements [0, stop) of each flat row are rows of y only when
+    `stop` is a multiple of 4."""
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Relu", ["h"], ["r"]),
+             helper.make_node("Reshape", ["r", "flat"], ["y"]), helper.make_node("Slice", ["y", "s", "e", "a"], ["out"])]
+    model = _graph(nodes, [_float("x", [2, 5, 4])], [_float("out", [2, "k"])],
+                   [_weight("w", [4, 4]), _index("flat", [2, 20]), _index("s", [0]), _index("e", [stop]), _index("a", [1])])
+    pruned, moved = prune_unused_rows(model)
+    assert moved == (3 if moves else 0)
+    _same_answers(model, pruned, X)
+
+
+def test_an_instance_serves_a_pruned_copy_only_where_the_file_selects_rows(exports, tmp_path):
+    from gebackend.compile.unused_rows import served_kept_rows
+    from gebackend.config.onnx_signature import read_signature
+    from gebackend.modelzoo.misc import build_add_mul
+
+    said = []
+    bert = exports["bert"]
+    served = served_kept_rows(bert, read_signature(bert), said.append)
+    assert served != bert and served.name == bert.name
+    assert len(said) == 1 and "node(s) compute only the rows of a sequence the outputs keep" in said[0]
+    _same_answers(onnx.load(str(bert)), onnx.load(str(served)), _feeds("bert", 3))
+
+    plain = tmp_path / "add_mul.onnx"
+    onnx.save(build_add_mul(), str(plain))
+    assert read_signature(plain).selections == ()
+    assert served_kept_rows(plain, read_signature(plain), said.append) == plain and len(said) == 1
+
+
+def test_a_file_with_external_weights_is_served_as_it_is(exports, tmp_path):
+    from gebackend.compile.unused_rows import served_kept_rows
+    from gebackend.config.onnx_signature import read_signature
+
+    external = tmp_path / "model.onnx"
+    onnx.save(onnx.load(str(exports["vit"])), str(external), save_as_external_data=True, location="model.onnx.data",
+              size_threshold=0)
+    signature = read_signature(external)
+    assert signature.selections  # the file does select rows: the copy is what it is spared
+    assert served_kept_rows(external, signature) == external
+
+
+def test_a_pass_that_fails_on_the_file_leaves_it_served_as_it_is(exports, monkeypatch):
+    from gebackend.compile import unused_rows
+    from gebackend.config.onnx_signature import read_signature
+
+    def fails(model):
+        raise RuntimeError("boom\ntraceback lines")
+
+    monkeypatch.setattr(unused_rows, "prune_unused_rows", fails)
+    said = []
+    bert = exports["bert"]
+    assert unused_rows.served_kept_rows(bert, read_signature(bert), said.append) == bert
+    assert said == ["the rows pass failed on the file (RuntimeError: boom); the file is served as it is"]

@@ -78,7 +78,9 @@ class GraphView:
 
     def constant(self, name: str) -> np.ndarray | None:
         tensor = self.values.get(name)
-        return None if tensor is None else numpy_helper.to_array(tensor)
+        if tensor is None or tensor.data_location == onnx.TensorProto.EXTERNAL:  # a weight's bytes are not loaded
+            return None
+        return numpy_helper.to_array(tensor)
 
     def ints(self, node: onnx.NodeProto, attribute: str, input_index: int) -> list[int] | None:
         """An int-list operand given as an attribute (older opsets) or a constant input (newer ones)."""
@@ -220,38 +222,42 @@ def _plan_reduce(graph: GraphView, node: onnx.NodeProto, rows: Rows) -> tuple[Pl
 def _plan_reshape(graph: GraphView, node: onnx.NodeProto, rows: Rows) -> tuple[Plan, dict] | None:
     """A Reshape passes rows whose elements lie in one block of the input too: output dims before the axis multiply
     to the input's dims before some axis, and that axis splits into whole rows. Its new target is written out: the
-    output's dims with the rows' count, `0` (copy) for a symbolic dim the input has at the same place."""
+    output's dims with the rows' count, `0` (copy) for a symbolic dim the input has at the same place before it."""
     in_dims, out_dims = graph.dims.get(node.input[0]), graph.dims.get(node.output[0])
     if in_dims is None or out_dims is None or attribute(node, "allowzero", 0):
         return None
+    inner = _product(out_dims[rows.axis + 1:])
+    if inner is None:
+        return None
+    for axis in range(len(in_dims)):
+        if not _same_product(in_dims[:axis], out_dims[:rows.axis]):
+            continue
+        below = _product(in_dims[axis + 1:])
+        if below is None or (rows.start * inner) % below or (rows.stop * inner) % below:
+            continue
+        kept, wanted = in_dims[axis], out_dims[rows.axis]
+        same = (kept * below == wanted * inner) if isinstance(kept, int) and isinstance(wanted, int) \
+            else (isinstance(kept, str) and kept == wanted and below == inner)
+        target = _target(in_dims, out_dims, rows, axis)
+        if same and target is not None:
+            return [Rows(axis, rows.start * inner // below, rows.stop * inner // below), None], {"shape": target}
+    return None
+
+
+def _target(in_dims: Sequence[Dim], out_dims: Sequence[Dim], rows: Rows, axis: int) -> list[int] | None:
+    """The Reshape's new target: fixed dims as they are, the rows' count on their axis, `0` for a symbolic dim the
+    input has at the same place before its own axis `axis` (copied from the input, which keeps it); None otherwise."""
     target = []
     for index, dim in enumerate(out_dims):
         if index == rows.axis:
             target.append(rows.stop - rows.start)
         elif isinstance(dim, int) and dim > 0:
             target.append(dim)
-        elif isinstance(dim, str) and index < rows.axis and index < len(in_dims) and in_dims[index] == dim \
-                and in_dims[:index] == out_dims[:index]:
+        elif isinstance(dim, str) and index < min(rows.axis, axis) and tuple(in_dims[:index + 1]) == tuple(out_dims[:index + 1]):
             target.append(0)
         else:
             return None
-    outer_out = out_dims[:rows.axis]
-    inner = _product(out_dims[rows.axis + 1:])
-    if inner is None:
-        return None
-    for axis in range(len(in_dims)):
-        if not _same_product(in_dims[:axis], outer_out):
-            continue
-        below = _product(in_dims[axis + 1:])
-        if below is None or (rows.start * inner) % below or (rows.stop * inner) % below:
-            continue
-        if isinstance(in_dims[axis], int) and isinstance(out_dims[rows.axis], int) \
-                and in_dims[axis] * below != out_dims[rows.axis] * inner:
-            continue
-        if not isinstance(in_dims[axis], int) and (in_dims[axis] != out_dims[rows.axis] or below != inner):
-            continue
-        return [Rows(axis, rows.start * inner // below, rows.stop * inner // below), None], {"shape": target}
-    return None
+    return target
 
 
 def _product(dims: Sequence[Dim]) -> int | None:

@@ -279,7 +279,11 @@ def prune_unused_rows(model: onnx.ModelProto, limit: int = 16) -> tuple[onnx.Mod
 def kept_rows_only(model: onnx.ModelProto, log: Callable[[str], None], what: str) -> onnx.ModelProto:
     """`prune_unused_rows` for a lowering's input: the model to quantize (`model` where nothing moved), the load log
     told how many nodes now compute the kept rows only (`what`: the log line's start, "precision int8")."""
-    pruned, moved = prune_unused_rows(model)
+    try:
+        pruned, moved = prune_unused_rows(model)
+    except Exception as exc:  # noqa: BLE001 - an optimisation: the model as it is still lowers
+        log(f"{what}: the rows pass failed on the graph ({reason(exc)}); quantized as it is")
+        return model
     if moved:
         log(f"{what}: {moved} node(s) compute only the rows of a sequence the outputs keep (the first token), "
             f"before quantizing")
@@ -306,10 +310,13 @@ def selections(model: onnx.ModelProto) -> tuple[str, ...]:
 def served_kept_rows(path: Path, signature, log: Callable[[str], None] = lambda message: None,
                      temp_parent: Path | None = None) -> Path:
     """The file the engines load, in either graph mode: `path` itself (its `signature` lists no selection: the file is
-    not read again; or none moves), or a copy computing only the kept rows (config/model_copy.py), said in the log."""
+    not read again; none moves; or its weights are external data, which a copy would duplicate), or a copy computing
+    only the kept rows (config/model_copy.py), said in the log."""
     if not signature.selections:
         return path
     model = onnx.load(str(path), load_external_data=False)
+    if any(init.data_location == onnx.TensorProto.EXTERNAL for init in model.graph.initializer):
+        return path  # a copy would copy its weights too (a tmpfs: memory); the static pass and int8 still prune
     try:
         pruned, moved = prune_unused_rows(model)
     except Exception as exc:  # noqa: BLE001 - an optimisation: the file as it is still serves
