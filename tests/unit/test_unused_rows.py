@@ -320,3 +320,17 @@ def test_a_pass_that_fails_on_the_file_leaves_it_served_as_it_is(exports, monkey
     bert = exports["bert"]
     assert unused_rows.served_kept_rows(bert, read_signature(bert), said.append) == bert
     assert said == ["the rows pass failed on the file (RuntimeError: boom); the file is served as it is"]
+
+
+def test_the_doctor_reports_the_moved_nodes_apart_from_the_fold(exports, monkeypatch):
+    from gebackend.compile.doctor import analyze
+
+    model = onnx.load(str(exports["bert"]))
+    shapes = {"input_ids": [2, 9], "attention_mask": [2, 9]}
+    report = analyze(model, shapes)
+    assert report.kept_rows_nodes >= 10
+    assert f"rows: {report.kept_rows_nodes} node(s) compute only the rows" in report.format_text(brief=True)
+    monkeypatch.setattr(passes, "PASSES", tuple(p for p in passes.PASSES if p.name != "rows"))
+    without = analyze(model, shapes)
+    assert without.kept_rows_nodes == 0 and "rows:" not in without.format_text()
+    assert report.foldable_node_count == without.foldable_node_count  # the rows pass's own nodes are not the fold's

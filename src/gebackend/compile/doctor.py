@@ -5,7 +5,9 @@ value leaves them, with a preview of that value), then runs the load's passes (`
 when shapes are given, upgrade an old file, fold; a pass that fails is skipped and noted), and walks the
 result in graph order to count the nodes whose output shapes are fully known and to name the first node
 where that breaks, and why. With shapes it also lists the outputs whose shape is known only at run time
-(`runtime_shapes.py`), which a static engine allocates on every run. `fix` folds what can be folded.
+(`runtime_shapes.py`), which a static engine allocates on every run, and how many nodes the rows pass made compute
+only the rows the outputs keep (`unused_rows.py`; the nodes it adds are not counted as the fold's). `fix` folds what
+can be folded.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from gebackend.compile.runtime_shapes import (
     VALUE_DEPENDENT,
     runtime_shaped_outputs,
 )
+from gebackend.compile.unused_rows import pass_record
 
 __all__ = ["PREVIEW_MAX_ELEMENTS", "DoctorReport", "FoldableGroup", "StaticBreak", "analyze", "find_foldable", "fix",
            "host_ops", "static_node_names"]
@@ -72,6 +75,8 @@ class DoctorReport:
     runtime_outputs: dict[str, str] = field(default_factory=dict)
     # per input, what its values and lengths may be, where tables stored in the model bound them (the request check's)
     request_limits: dict[str, str] = field(default_factory=dict)
+    # nodes the rows pass made compute only the rows of a sequence the outputs keep (compile/unused_rows.py)
+    kept_rows_nodes: int = 0
 
     @property
     def is_static(self) -> bool:
@@ -123,6 +128,9 @@ class DoctorReport:
             lines.append(f"  {group.sink_op} '{group.sink}' = {group.preview()} ({', '.join(group.op_types)}){kept}")
         if len(listed) > _TEXT_MAX_GROUPS:
             lines.append(f"  ... and {len(listed) - _TEXT_MAX_GROUPS} more")
+        if self.kept_rows_nodes:
+            lines.append(f"rows: {self.kept_rows_nodes} node(s) compute only the rows of a sequence the outputs keep "
+                         f"(the first token)")
         if self.runtime_outputs:
             lines.append("outputs with a runtime shape (allocated on every run, not bound once): " + "; ".join(
                 f"{name} ({why})" for name, why in self.runtime_outputs.items()))
@@ -305,12 +313,13 @@ def analyze(
     static, first = _walk(analysed)
     hosts, host_note = host_ops(analysed, providers)
     limits = request_limits(model)
+    kept, added = pass_record(analysed)
     return DoctorReport(
         node_count=len(analysed.graph.node),
         static_node_count=static,
         first_break=first,
         foldable=groups,
-        foldable_node_count=len(model.graph.node) - len(analysed.graph.node),
+        foldable_node_count=len(model.graph.node) - len(analysed.graph.node) + added,
         unresolved_inputs=_unresolved_inputs(analysed),
         host_ops=hosts,
         host_ops_note=host_note,
@@ -320,6 +329,7 @@ def analyze(
         notes=notes,
         request_limits=limits,
         runtime_outputs=runtime_shaped_outputs(analysed) if shapes is not None else {},
+        kept_rows_nodes=kept,
     )
 
 
@@ -335,4 +345,4 @@ def fix(model: onnx.ModelProto, size_limit: int | None = 1 << 20) -> tuple[onnx.
     folded = compile_graph(model, None, size_limit, lambda name, why: failed.append(f"{name}: {why}"))
     if any(f.startswith("fold:") for f in failed):
         raise ModelLoadError("cannot fold the model: " + "; ".join(failed))
-    return folded, len(model.graph.node) - len(folded.graph.node)
+    return folded, len(model.graph.node) - len(folded.graph.node) + pass_record(folded)[1]

@@ -30,6 +30,7 @@ from gebackend.compile import light
 from gebackend.compile.graph_pass import GraphPass, PassContext, reason
 from gebackend.compile.row_rules import GraphView, Rows, attribute, plan, subgraph_reads
 
+METADATA_KEY = "gebackend.unused_rows"  # on a compiled graph: "<nodes moved> <nodes added>" (`pass_record`)
 MIN_OPSET = 11  # Slice's bounds as inputs (10) and ScatterElements (11) for a Shape answered from the kept rows
 
 
@@ -341,7 +342,19 @@ class UnusedRowsPass(GraphPass):
             return model
         from gebackend.compile.specialize import infer  # specialize.py declares a pass: imported late
 
+        entry = pruned.metadata_props.add()  # what the doctor reports: it tells this pass's nodes from the fold's
+        entry.key, entry.value = METADATA_KEY, f"{moved} {len(pruned.graph.node) - len(model.graph.node)}"
         return infer(pruned, context.warn)  # the moved nodes' shapes, which the static engines read
+
+
+def pass_record(model: onnx.ModelProto) -> tuple[int, int]:
+    """What the static pass did to a compiled graph: (nodes moved to compute the kept rows only, nodes it added: its
+    Slices and constants, less the shape arithmetic it made unneeded); (0, 0) where it did nothing."""
+    for entry in model.metadata_props:
+        if entry.key == METADATA_KEY:
+            moved, added = entry.value.split()
+            return int(moved), int(added)
+    return 0, 0
 
 
 PASS = UnusedRowsPass()
