@@ -69,6 +69,10 @@ def exports(tmp_path_factory):
         "clip_vision": (transformers.CLIPVisionModelWithProjection(
             transformers.CLIPVisionConfig(image_size=32, patch_size=8, projection_dim=16, **layers)),
             ["pixel_values"], "image_embeds", (torch.randn(2, 3, 32, 32),), pixels),
+        # a distilled ViT: its two heads read the class and the distillation token
+        "deit": (transformers.DeiTForImageClassificationWithTeacher(
+            transformers.DeiTConfig(image_size=32, patch_size=8, num_labels=10, **layers)),
+            ["pixel_values"], "logits", (torch.randn(2, 3, 32, 32),), pixels),
     }
     files = {}
     for name, (model, inputs, output, args, axes) in models.items():
@@ -90,7 +94,7 @@ def _feeds(name: str, batch: int, length: int = 9) -> dict:
     return {"pixel_values": rng.standard_normal((batch, 3, 32, 32)).astype(np.float32)}
 
 
-@pytest.mark.parametrize("name", ["bert", "vit", "clip_vision"])
+@pytest.mark.parametrize("name", ["bert", "vit", "clip_vision", "deit"])
 def test_a_classifier_file_computes_its_last_feed_forward_for_the_first_token_only(exports, name):
     original = onnx.load(str(exports[name]))
     pruned, moved = prune_unused_rows(original)
@@ -101,15 +105,15 @@ def test_a_classifier_file_computes_its_last_feed_forward_for_the_first_token_on
     assert [d.dim_param for d in pruned.graph.input[0].type.tensor_type.shape.dim][0] == "batch"
 
 
-@pytest.mark.parametrize("name", ["bert", "vit", "clip_vision"])
-def test_a_static_graph_runs_the_last_layer_on_one_row_and_answers_the_same(exports, name):
+@pytest.mark.parametrize("name, kept", [("bert", 1), ("vit", 1), ("clip_vision", 1), ("deit", 2)])
+def test_a_static_graph_runs_the_last_layer_on_the_kept_rows_and_answers_the_same(exports, name, kept):
     original = onnx.load(str(exports[name]))
     feeds = _feeds(name, 2)
     shapes = {key: value.shape for key, value in feeds.items()}
     compiled = passes.compile_graph(original, shapes, 1 << 20, lambda *said: pytest.fail(f"pass skipped: {said}"))
     _same_answers(original, compiled, feeds)
-    one_row = [dims for dims in _rows_per_matmul(compiled) if dims and len(dims) == 3 and dims[1] == 1]
-    assert len(one_row) >= 3  # the last layer's attention output and both feed-forward MatMuls, for the token kept
+    few_rows = [dims for dims in _rows_per_matmul(compiled) if dims and len(dims) == 3 and dims[1] == kept]
+    assert len(few_rows) >= 3  # the last layer's attention output and both feed-forward MatMuls, for the tokens kept
     assert CompiledGraph(shapes, compiled).fully_static  # the moved nodes' shapes inferred for the static engines
 
 
@@ -179,13 +183,28 @@ def test_a_tensor_another_output_reads_in_full_is_computed_in_full():
     _same_answers(model, pruned, X)
 
 
-def test_two_selections_of_one_tensor_leave_it_whole():
-    nodes = [helper.make_node("MatMul", ["x", "w"], ["y"]), helper.make_node("Gather", ["y", "i"], ["first"], axis=1),
-             helper.make_node("Gather", ["y", "j"], ["second"], axis=1)]
-    model = _graph(nodes, [_float("x", [2, 5, 4])], [_float("first", [2, 4]), _float("second", [2, 4])],
-                   [_weight("w", [4, 4]), _index("i", 0), _index("j", 2)])
+@pytest.mark.parametrize("first, second, moves", [((0, None), (2, None), True), ((1, 2), (3, 5), True),
+                                                  ((0, 2), (2, 5), False)])
+def test_selections_of_one_tensor_move_as_their_span(first, second, moves):
+    """Gathers of one row (stop None) or Slices of several, on one axis of one tensor: their span is computed (rows
+    0-2, 1-4), not where it is the whole axis."""
+    def selection(bounds, output):
+        start, stop = bounds
+        if stop is None:
+            return [helper.make_node("Gather", ["y", f"{output}_i"], [output], axis=1)], [_index(f"{output}_i", start)]
+        return ([helper.make_node("Slice", ["y", f"{output}_s", f"{output}_e", f"{output}_a"], [output])],
+                [_index(f"{output}_s", [start]), _index(f"{output}_e", [stop]), _index(f"{output}_a", [1])])
+
+    nodes, constants = [helper.make_node("MatMul", ["x", "w"], ["y"])], [_weight("w", [4, 4])]
+    for bounds, output in ((first, "first"), (second, "second")):
+        more_nodes, more_constants = selection(bounds, output)
+        nodes += more_nodes
+        constants += more_constants
+    outputs = [_float(output, [2, 4] if bounds[1] is None else [2, "rows", 4])
+               for bounds, output in ((first, "first"), (second, "second"))]
+    model = _graph(nodes, [_float("x", [2, 5, 4])], outputs, constants)
     pruned, moved = prune_unused_rows(model)
-    assert moved == 0
+    assert moved == (1 if moves else 0)
     _same_answers(model, pruned, X)
 
 

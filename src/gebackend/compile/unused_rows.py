@@ -77,8 +77,9 @@ def _answerable_shape(view: GraphView, reader: onnx.NodeProto, rows: Rows, name:
 class _Region:
     """The tensors that can be computed for the wanted rows only, from a selection upwards."""
 
-    def __init__(self, view: GraphView, seed: onnx.NodeProto, rows: Rows) -> None:
-        self.view, self.seed = view, seed
+    def __init__(self, view: GraphView, seeds: list[onnx.NodeProto], rows: Rows) -> None:
+        self.view, self.seeds = view, seeds  # selections of one tensor on one axis; `rows`: the span they keep
+        seed = seeds[0]
         self.wanted: dict[str, Rows] = {}  # every tensor some node of the region wants rows of
         self.plans: dict[str, tuple] = {}  # tensor -> its maker's plan, where the maker works row by row
         conflicting: set[str] = set()
@@ -113,14 +114,15 @@ class _Region:
             node, parts = self.view.maker[name], self.plans[name][0]
             reads.update(source for source, need in zip(node.input, parts)
                          if need is not None and need == self.wanted.get(source))
-        reads[self.seed.input[0]] += sum(1 for name in self.seed.input if name == self.seed.input[0])
+        data = self.seeds[0].input[0]
+        reads[data] += sum(1 for seed in self.seeds for name in seed.input if name == data)
         for name in self.movable:
             reads[name] += sum(1 for reader in self.view.readers.get(name, ())
                                if _answerable_shape(self.view, reader, self.wanted[name], name))
         return reads
 
     def moves(self) -> bool:
-        return self.seed.input[0] in self.movable
+        return self.seeds[0].input[0] in self.movable
 
 
 class _Writer:
@@ -189,14 +191,21 @@ def _rewrite(model: onnx.ModelProto, region: _Region) -> onnx.ModelProto:
                                                 writer.constant([view.dims[name][rows.axis]], name + "_size")],
                             name + "_size", outputs=list(reader.output), axis=0)
                 replaced.add(id(reader))
-    seed = region.seed
-    if seed.op_type == "Gather":
-        index = np.zeros_like(view.constant(seed.input[1]))  # the one row kept is now the only one
-        writer.node("Gather", [renamed[seed.input[0]], writer.constant(index, seed.input[1], index.dtype)],
-                                seed.output[0], outputs=list(seed.output), axis=attribute(seed, "axis", 0))
-    else:
-        writer.node("Identity", [renamed[seed.input[0]]], seed.output[0], outputs=list(seed.output))
-    replaced.add(id(seed))
+    span = region.wanted[region.seeds[0].input[0]]
+    for seed in region.seeds:  # each selection now reads the span's rows, counted from the span's start
+        kept, rows = renamed[seed.input[0]], _seed(view, seed)
+        if seed.op_type == "Gather":
+            index = np.full_like(view.constant(seed.input[1]), rows.start - span.start)
+            writer.node("Gather", [kept, writer.constant(index, seed.input[1], index.dtype)], seed.output[0],
+                        outputs=list(seed.output), axis=attribute(seed, "axis", 0))
+        elif rows == span:
+            writer.node("Identity", [kept], seed.output[0], outputs=list(seed.output))
+        else:
+            writer.node("Slice", [kept, writer.constant([rows.start - span.start], seed.output[0] + "_start"),
+                                  writer.constant([rows.stop - span.start], seed.output[0] + "_stop"),
+                                  writer.constant([rows.axis], seed.output[0] + "_axis")],
+                        seed.output[0], outputs=list(seed.output))
+        replaced.add(id(seed))
     nodes = [node for node in model.graph.node if id(node) not in replaced] + writer.nodes
     return _live(model, _in_order(nodes, model))
 
@@ -250,15 +259,30 @@ def _prune_once(model: onnx.ModelProto, done: set[str]) -> tuple[onnx.ModelProto
     """`model` with the first selection not in `done` (by output name) that can move up moved (a new model; its name
     then added to `done`) and how many nodes now compute the kept rows only; (`model`, 0) when none can."""
     view = GraphView(model)
-    for node in model.graph.node:
-        rows = None if not node.output or node.output[0] in done else _seed(view, node)
-        if rows is None:
-            continue
-        done.add(node.output[0])  # moved once: what it reads now has the kept rows only, whatever their dims say
-        region = _Region(view, node, rows)
+    for seeds, span in _selections_by_tensor(view, done):
+        done.update(seed.output[0] for seed in seeds)  # moved once: what they read now has the kept rows only
+        region = _Region(view, seeds, span)
         if region.moves():
             return _rewrite(model, region), len(region.movable)
     return model, 0
+
+
+def _selections_by_tensor(view: GraphView, done: set[str]) -> list[tuple[list[onnx.NodeProto], Rows]]:
+    """The selections not in `done`, grouped by the tensor and axis they select from (a distilled ViT keeps two
+    tokens, its class and distillation token), with the span of rows the group keeps; a group whose span is the
+    whole axis is left out."""
+    groups: dict[tuple[str, int], list] = {}
+    for node in view.model.graph.node:
+        rows = None if not node.output or node.output[0] in done else _seed(view, node)
+        if rows is not None:
+            groups.setdefault((node.input[0], rows.axis), []).append((node, rows))
+    found = []
+    for (name, axis), members in groups.items():
+        span = Rows(axis, min(rows.start for _, rows in members), max(rows.stop for _, rows in members))
+        size = view.dims[name][axis]
+        if not isinstance(size, int) or span.stop - span.start < size:
+            found.append(([node for node, _ in members], span))
+    return found
 
 
 def prune_unused_rows(model: onnx.ModelProto, limit: int = 16) -> tuple[onnx.ModelProto, int]:
