@@ -94,6 +94,7 @@ class GraphView:
 
 
 def attribute(node: onnx.NodeProto, name: str, default):
+    """The node's attribute `name`, or `default` where it has none."""
     for attr in node.attribute:
         if attr.name == name:
             return helper.get_attribute_value(attr)

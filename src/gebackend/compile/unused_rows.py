@@ -150,6 +150,11 @@ class _Writer:
                                            value=numpy_helper.from_array(np.asarray(values, dtype=dtype), name)))
         return name
 
+    def slice(self, source: str, start: int, stop: int, axis: int, base: str, outputs=None) -> str:
+        """`source[start:stop]` on `axis`, as a Slice of constant bounds."""
+        return self.node("Slice", [source, self.constant([start], base + "_start"), self.constant([stop], base + "_stop"),
+                                   self.constant([axis], base + "_axis")], base + "_rows", outputs=outputs)
+
 
 def _rewrite(model: onnx.ModelProto, region: _Region) -> onnx.ModelProto:
     """The nodes of `region` computing the wanted rows only, their Shape readers and the selection made to read them."""
@@ -162,9 +167,7 @@ def _rewrite(model: onnx.ModelProto, region: _Region) -> onnx.ModelProto:
     def take(source: str, need: Rows) -> str:
         if source in region.movable and region.wanted[source] == need:
             return renamed[source]
-        return writer.node("Slice", [source, writer.constant([need.start], source + "_start"),
-                                     writer.constant([need.stop], source + "_stop"),
-                                     writer.constant([need.axis], source + "_axis")], source + "_rows")
+        return writer.slice(source, need.start, need.stop, need.axis, source)
 
     replaced: set[int] = set()  # the original nodes the rewrite answers for
     for node in model.graph.node:  # in graph order: a node's moved inputs are written before it
@@ -201,16 +204,14 @@ def _rewrite(model: onnx.ModelProto, region: _Region) -> onnx.ModelProto:
         elif rows == span:
             writer.node("Identity", [kept], seed.output[0], outputs=list(seed.output))
         else:
-            writer.node("Slice", [kept, writer.constant([rows.start - span.start], seed.output[0] + "_start"),
-                                  writer.constant([rows.stop - span.start], seed.output[0] + "_stop"),
-                                  writer.constant([rows.axis], seed.output[0] + "_axis")],
-                        seed.output[0], outputs=list(seed.output))
+            writer.slice(kept, rows.start - span.start, rows.stop - span.start, rows.axis, seed.output[0],
+                         outputs=list(seed.output))
         replaced.add(id(seed))
     nodes = [node for node in model.graph.node if id(node) not in replaced] + writer.nodes
-    return _live(model, _in_order(nodes, model))
+    return _live(model, _in_order(nodes))
 
 
-def _in_order(nodes: list[onnx.NodeProto], model: onnx.ModelProto) -> list[onnx.NodeProto]:
+def _in_order(nodes: list[onnx.NodeProto]) -> list[onnx.NodeProto]:
     """`nodes` sorted so that each comes after the makers of what it reads (its subgraphs' outer reads included),
     keeping the given order where it may."""
     maker = {out: index for index, node in enumerate(nodes) for out in node.output if out}
