@@ -19,7 +19,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from gebackend.compile import passes
 from gebackend.compile.graph import CompiledGraph
-from gebackend.compile.unused_rows import prune_unused_rows
+from gebackend.compile.unused_rows import pass_record, prune_unused_rows
 
 
 def _run(model: onnx.ModelProto, feeds: dict) -> list[np.ndarray]:
@@ -353,3 +353,60 @@ def test_the_doctor_reports_the_moved_nodes_apart_from_the_fold(exports, monkeyp
     without = analyze(model, shapes)
     assert without.kept_rows_nodes == 0 and "rows:" not in without.format_text()
     assert report.foldable_node_count == without.foldable_node_count  # the rows pass's own nodes are not the fold's
+
+
+def _symbolic_model(selection: list, output_dims: list) -> onnx.ModelProto:
+    """x [batch, seq, 4] @ w -> relu -> y; `selection` nodes make out from y."""
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Relu", ["h"], ["y"]), *selection]
+    return _graph(nodes, [_float("x", ["batch", "seq", 4])], [_float("out", output_dims)],
+                  [_weight("w", [4, 4]), _index("i", -1), _index("s", [-3]), _index("e", [-1]), _index("one", [1]),
+                   _index("end", [2 ** 63 - 1]), _index("a", [1])])
+
+
+@pytest.mark.parametrize("selection, moves", [
+    ([helper.make_node("Gather", ["y", "i"], ["out"], axis=1)], True),  # the last token
+    ([helper.make_node("Slice", ["y", "s", "end", "a"], ["out"])], True),  # the last three
+    ([helper.make_node("Slice", ["y", "s", "e", "a"], ["out"])], True),  # the two before the last
+    ([helper.make_node("Slice", ["y", "one", "end", "a"], ["out"])], False),  # all but the first: no count known
+], ids=["gather -1", "slice -3:", "slice -3:-1", "slice 1:"])
+def test_rows_counted_from_the_end_move_on_a_sequence_of_any_length(selection, moves):
+    model = _symbolic_model(selection, ["batch", 4] if selection[0].op_type == "Gather" else ["batch", "k", 4])
+    pruned, moved = prune_unused_rows(model)
+    assert moved == (2 if moves else 0)
+    for length in (3, 4, 9):
+        _same_answers(model, pruned, {"x": np.random.default_rng(length).standard_normal((2, length, 4)).astype(np.float32)})
+
+
+def test_a_language_model_answering_its_last_tokens_logits_runs_its_head_on_that_token_only(tmp_path):
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+
+    class LastLogits(torch.nn.Module):
+        def __init__(self, model):
+            super().__init__()
+            self.model = model
+
+        def forward(self, input_ids, attention_mask):
+            return self.model(input_ids=input_ids, attention_mask=attention_mask).logits[:, -1, :]
+
+    torch.manual_seed(0)
+    gpt2 = transformers.GPT2LMHeadModel(transformers.GPT2Config(vocab_size=500, n_embd=32, n_layer=2, n_head=4,
+                                                                 n_positions=64, use_cache=False)).eval()
+    path = tmp_path / "gpt2_last.onnx"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        axes = {0: "batch", 1: "sequence"}
+        torch.onnx.export(LastLogits(gpt2), (torch.randint(0, 500, (2, 7)), torch.ones(2, 7, dtype=torch.int64)),
+                          str(path), input_names=["input_ids", "attention_mask"], output_names=["logits"],
+                          dynamic_axes={"input_ids": axes, "attention_mask": axes, "logits": {0: "batch"}},
+                          opset_version=17, dynamo=False)
+    model = onnx.load(str(path))
+    ids = np.random.default_rng(0).integers(0, 500, (2, 9))
+    feeds = {"input_ids": ids, "attention_mask": np.ones_like(ids)}
+    compiled = passes.compile_graph(model, {name: value.shape for name, value in feeds.items()}, 1 << 20,
+                                    lambda *said: pytest.fail(f"pass skipped: {said}"))
+    # the head over the vocabulary and the final norm; GPT-2's Conv1D flattens batch and tokens into one axis before its
+    # Gemm ([2, 9, 32] -> [18, 32]), where the last token of each text is no block of rows: the selection stops there
+    assert pass_record(compiled)[0] >= 3
+    assert (2, 1, 500) in _rows_per_matmul(compiled)  # the head runs on the last token only
+    _same_answers(model, compiled, feeds)

@@ -39,7 +39,8 @@ _REDUCE = frozenset({
 
 @dataclass(frozen=True)
 class Rows:
-    """Rows [start, stop) of one axis of a tensor."""
+    """Rows [start, stop) of one axis of a tensor; counted from the axis' end where `start` is negative (then `stop`
+    is too, or 0 for the end: the last token of a sequence of any length is (-1, 0))."""
 
     axis: int
     start: int

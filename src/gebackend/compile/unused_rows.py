@@ -31,6 +31,7 @@ from gebackend.compile.graph_pass import GraphPass, PassContext, reason
 from gebackend.compile.row_rules import GraphView, Rows, attribute, plan, subgraph_reads
 
 METADATA_KEY = "gebackend.unused_rows"  # on a compiled graph: "<nodes moved> <nodes added>" (`pass_record`)
+_END = np.iinfo(np.int64).max  # a Slice's end past any length
 MIN_OPSET = 11  # Slice's bounds as inputs (10) and ScatterElements (11) for a Shape answered from the kept rows
 
 
@@ -47,22 +48,23 @@ def _seed(view: GraphView, node: onnx.NodeProto) -> Rows | None:
         if index is None or index.size != 1:
             return None
         axis, start = attribute(node, "axis", 0) % len(dims), int(index.reshape(-1)[0])
-        if start < 0:
-            if not isinstance(dims[axis], int):
-                return None
-            start += dims[axis]
-        stop = start + 1
+        start, stop = start, start + 1
     else:
         starts, ends = view.ints(node, "starts", 1), view.ints(node, "ends", 2)
         axes, steps = view.ints(node, "axes", 3), view.ints(node, "steps", 4)
         if starts is None or ends is None or len(starts) != 1 or (steps is not None and steps != [1]):
             return None
-        axis = (axes[0] if axes else 0) % len(dims)
-        if not isinstance(dims[axis], int):
-            return None
-        start, stop = (max(0, min(v + dims[axis] if v < 0 else v, dims[axis])) for v in (starts[0], ends[0]))
+        axis, start, stop = (axes[0] if axes else 0) % len(dims), starts[0], ends[0]
+        if start < 0 and stop >= 2 ** 31:
+            stop = 0  # to the end
+        elif (start < 0) != (stop < 0) and not isinstance(dims[axis], int):
+            return None  # from the start to a place counted from the end: its count depends on the length
     size = dims[axis]
-    if start < 0 or stop <= start or (isinstance(size, int) and not (stop <= size and stop - start < size)):
+    if isinstance(size, int):  # counted from the start
+        start, stop = (max(0, min(v + size if v < 0 else v, size)) for v in (start, stop if stop or start >= 0 else size))
+        if not (0 <= start < stop <= size and stop - start < size):
+            return None
+    elif not (0 <= start < stop < 2 ** 31 or start < stop <= 0):  # rows 1.. of any length: no count known
         return None
     return Rows(axis, start, stop)
 
@@ -151,7 +153,8 @@ class _Writer:
         return name
 
     def slice(self, source: str, start: int, stop: int, axis: int, base: str, outputs=None) -> str:
-        """`source[start:stop]` on `axis`, as a Slice of constant bounds."""
+        """`source[start:stop]` on `axis`, as a Slice of constant bounds (a stop of 0 after a negative start: the end)."""
+        stop = _END if start < 0 and stop == 0 else stop
         return self.node("Slice", [source, self.constant([start], base + "_start"), self.constant([stop], base + "_stop"),
                                    self.constant([axis], base + "_axis")], base + "_rows", outputs=outputs)
 
@@ -279,6 +282,8 @@ def _selections_by_tensor(view: GraphView, done: set[str]) -> list[tuple[list[on
             groups.setdefault((node.input[0], rows.axis), []).append((node, rows))
     found = []
     for (name, axis), members in groups.items():
+        if len({rows.start < 0 for _, rows in members}) > 1:
+            continue  # some counted from the start, some from the end: no span is known
         span = Rows(axis, min(rows.start for _, rows in members), max(rows.stop for _, rows in members))
         size = view.dims[name][axis]
         if not isinstance(size, int) or span.stop - span.start < size:
