@@ -48,7 +48,7 @@ def _seed(view: GraphView, node: onnx.NodeProto) -> Rows | None:
         if index is None or index.size != 1:
             return None
         axis, start = attribute(node, "axis", 0) % len(dims), int(index.reshape(-1)[0])
-        start, stop = start, start + 1
+        stop = start + 1  # -1: (-1, 0), the last
     else:
         starts, ends = view.ints(node, "starts", 1), view.ints(node, "ends", 2)
         axes, steps = view.ints(node, "axes", 3), view.ints(node, "steps", 4)
