@@ -209,7 +209,15 @@ def not_servable(case: Case, path: Path) -> str | None:
 
 
 def run_plain(engine: str, case: Case, path: Path) -> str | None:
-    """None when the plain engine reproduces the case's reference outputs, else why not."""
+    """None when the plain engine reproduces the case's reference outputs in two runs, each on a model of its own,
+    else why not. One matching run is no pass: OpenVINO 2026.4 answers `test_tile` (repeats given as an input) from
+    memory it never wrote (NaN in 12 of 12 runs alone here), which once held the right values in a CI run, and the
+    case then counted as one gebackend failed."""
+    first = _run_plain_once(engine, case, path)
+    return first if first is not None else _run_plain_once(engine, case, path)
+
+
+def _run_plain_once(engine: str, case: Case, path: Path) -> str | None:
     try:
         if engine == "onnxruntime":
             import onnxruntime as ort
