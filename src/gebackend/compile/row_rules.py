@@ -18,6 +18,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from gebackend.compile import light
+from gebackend.compile.upgrade import default_opset
 
 Dim = int | str | None  # a fixed dim, a symbolic one, or unknown
 
@@ -54,7 +55,7 @@ class GraphView:
     def __init__(self, model: onnx.ModelProto) -> None:
         graph = model.graph
         self.model = model
-        self.opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
+        self.opset = default_opset(model) or 1
         self.maker = {out: node for node in graph.node for out in node.output if out}
         self.readers: dict[str, list[onnx.NodeProto]] = {}
         for node in graph.node:
@@ -278,10 +279,14 @@ def _same_product(left: Sequence[Dim], right: Sequence[Dim]) -> bool:
 
 def subgraph_reads(graph: onnx.GraphProto) -> set[str]:
     """Names the subgraphs of `graph`'s nodes (If, Loop, Scan bodies) read, at any depth."""
+    return set().union(*(node_subgraph_reads(node) for node in graph.node))
+
+
+def node_subgraph_reads(node: onnx.NodeProto) -> set[str]:
+    """Names the subgraphs of one node (an If's branches, a Loop's or Scan's body) read, at any depth."""
     names: set[str] = set()
-    for node in graph.node:
-        for attr in node.attribute:
-            for body in ([attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)):
-                names.update(name for inner in body.node for name in inner.input)
-                names.update(subgraph_reads(body))
+    for attr in node.attribute:
+        for body in ([attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)):
+            names.update(name for inner in body.node for name in inner.input)
+            names.update(subgraph_reads(body))
     return names
