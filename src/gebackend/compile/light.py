@@ -1,10 +1,12 @@
-"""ONNX's shape inference and checker on a model without its weights.
+"""ONNX's shape inference and checker on a model without its weights; ONNX Runtime's symbolic shape inference.
 
 Both take a ModelProto by serialising all of it (and shape inference parses its answer back): on ResNet-50 (98 MB of
 weights) 0.2-0.5 s a call, paid by every static bucket at load (specialise's inference, the fold pass's check). Their
 answers need the weights' types and dims, never their bytes, except for the small integer tensors data
 propagation reads as shapes. So they run on a light copy: every initializer of `LIGHT_MIN_BYTES` or more a graph
 input of its own type and dims instead (the same to shape inference and to the checker), the rest as they are.
+
+`symbolic_shapes` is ONNX Runtime's symbolic shape inference, which also knows ONNX Runtime's com.microsoft operators.
 """
 
 from __future__ import annotations
@@ -85,3 +87,11 @@ def infer_shapes(model: onnx.ModelProto, data_prop: bool, in_place: bool = False
 def check_model(model: onnx.ModelProto) -> None:
     """onnx's checker on the light copy (raises what the checker raises); no 2 GB limit there."""
     onnx.checker.check_model(light_copy(model))
+
+
+def symbolic_shapes(model: onnx.ModelProto) -> onnx.ModelProto | None:
+    """`model` typed by ONNX Runtime's symbolic shape inference, which knows its com.microsoft operators (ONNX's does
+    not); None where it declines the model (opset below 7). Raises what it raises."""
+    from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
+
+    return SymbolicShapeInference.infer_shapes(model, auto_merge=True, guess_output_rank=True)

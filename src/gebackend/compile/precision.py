@@ -38,6 +38,7 @@ from typing import Callable, Sequence
 
 import onnx
 
+from gebackend.compile import light
 from gebackend.compile.untie import untie_constants
 from gebackend.compile.unused_rows import kept_rows_only
 from gebackend.errors import ModelLoadError
@@ -114,10 +115,8 @@ def _typed(model: onnx.ModelProto, log: Callable[[str], None]) -> onnx.ModelProt
     if not any(node.domain == "com.microsoft" for node in model.graph.node):
         return model
     try:
-        from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
-
         with _quiet():
-            typed = SymbolicShapeInference.infer_shapes(model, auto_merge=True, guess_output_rank=True)
+            typed = light.symbolic_shapes(model)
     except Exception as exc:  # noqa: BLE001 - the quantizer's fallback (DefaultTensorType) still applies
         typed, failure = None, f"{type(exc).__name__}: {exc}"
     else:
