@@ -4,7 +4,9 @@ of op, and the view of the graph they read (who makes and reads each tensor, its
 `plan(view, node, rows)` answers for the node making a tensor, `rows` (`Rows`: [start, stop) of one axis) of which
 are wanted: per input, the rows of it to compute from (None: the whole input, as a weight or a broadcast operand),
 and what of the node changes with them (a Reshape's target); or None when the node does not work row by row on that
-axis, or a dim the rule needs is unknown. Only ai.onnx ops have rules.
+axis, or a dim the rule needs is unknown. ai.onnx ops have rules, and the com.microsoft ops ONNX Runtime's transformer
+optimizer writes row by row (`SkipLayerNormalization`, `BiasGelu`, ... : `optimum-cli export onnx --optimize`'s files);
+a graph with com.microsoft ops gets its dims from ONNX Runtime's symbolic shape inference, which knows them.
 """
 
 from __future__ import annotations
@@ -32,6 +34,10 @@ _BROADCAST = frozenset({
     "Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Mean", "Sum", "Mod", "Equal", "Greater", "Less",
     "GreaterOrEqual", "LessOrEqual", "And", "Or", "Xor", "Where", "PRelu", "BitShift",
 })
+# ONNX Runtime's fused ops that work row by row on every axis but the last, which they normalise or add a bias along;
+# the Skip* norms also add their second input (the residual, broadcast as Add broadcasts)
+_CONTRIB_ROWWISE = frozenset({"BiasGelu", "FastGelu", "Gelu", "QuickGelu"})
+_CONTRIB_SKIP_NORMS = frozenset({"SkipLayerNormalization", "SkipSimplifiedLayerNormalization"})
 _REDUCE = frozenset({
     "ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2", "ReduceLogSum",
     "ReduceLogSumExp", "ReduceSumSquare",
@@ -68,7 +74,7 @@ class GraphView:
         for node in graph.node:
             if node.op_type == "Constant" and len(node.attribute) == 1 and node.attribute[0].name == "value":
                 self.values[node.output[0]] = node.attribute[0].t
-        inferred = light.infer_shapes(model, data_prop=True)
+        inferred = _inferred(model)
         self.dims: dict[str, tuple[Dim, ...]] = {}
         for value in (*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output):
             tensor = value.type.tensor_type
@@ -93,6 +99,19 @@ class GraphView:
             value = self.constant(node.input[input_index])
             return None if value is None else [int(v) for v in value.reshape(-1)]
         return None
+
+
+def _inferred(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The model with its inferred value_info: ONNX Runtime's symbolic shape inference on the weightless copy where the
+    graph has com.microsoft ops (ONNX's leaves their outputs, and all they feed, without dims), else ONNX's."""
+    if any(node.domain == "com.microsoft" for node in model.graph.node):
+        try:
+            inferred = light.symbolic_shapes(light.light_copy(model))
+        except Exception:  # noqa: BLE001 - its failure only leaves those dims unknown: ONNX's inference answers
+            inferred = None
+        if inferred is not None:
+            return inferred
+    return light.infer_shapes(model, data_prop=True)
 
 
 def attribute(node: onnx.NodeProto, name: str, default):
@@ -124,7 +143,11 @@ def plan(graph: GraphView, node: onnx.NodeProto, rows: Rows) -> tuple[Plan, dict
     """Which rows of each input make `rows` of the node's (first) output, and what of the node must change with them
     ({"shape": new Reshape target}); None when the node does not work row by row on that axis."""
     out_dims = graph.dims.get(node.output[0])
-    if out_dims is None or node.domain not in ("", "ai.onnx"):
+    if out_dims is None:
+        return None
+    if node.domain == "com.microsoft":
+        return _plan_contrib(graph, node, rows, len(out_dims), out_dims[rows.axis])
+    if node.domain not in ("", "ai.onnx"):
         return None
     rank, op = len(out_dims), node.op_type
     keep = [None] * len(node.input)
@@ -202,6 +225,18 @@ def plan(graph: GraphView, node: onnx.NodeProto, rows: Rows) -> tuple[Plan, dict
         if rows.axis >= axis + width:
             return [Rows(rows.axis - width + 1, rows.start, rows.stop), None], {}
         return None
+    return None
+
+
+def _plan_contrib(graph: GraphView, node: onnx.NodeProto, rows: Rows, rank: int, out_dim: Dim) -> tuple[Plan, dict] | None:
+    """The rule of an ONNX Runtime fused op (com.microsoft); None for the ops not listed (its fused Attention, which
+    reads every row of its input for each row of its output)."""
+    keep = [None] * len(node.input)
+    if node.op_type in _CONTRIB_ROWWISE and rows.axis < rank - 1:
+        return [rows, *keep[1:]], {}
+    if node.op_type in _CONTRIB_SKIP_NORMS and rows.axis < rank - 1 and len(node.input) > 1:
+        skip = _broadcast_input(graph, node.input[1], rows, rank, out_dim)
+        return None if skip is False else ([rows, skip, *keep[2:]], {})
     return None
 
 

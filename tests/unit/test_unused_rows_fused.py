@@ -1,0 +1,131 @@
+"""compile/unused_rows.py on files ONNX Runtime's transformer optimizer wrote (`optimum-cli export onnx --optimize`):
+their com.microsoft ops (SkipLayerNormalization, BiasGelu, the fused Attention) carry the selection as the ops they
+fuse do, their dims from ONNX Runtime's symbolic shape inference.
+
+A Hugging Face BERT classifier (random weights) exported by torch both ways its attention exports (SDPA: norms and
+GELU fused; eager: Attention and the embedding's norm fused too), then optimized by
+`onnxruntime.transformers.optimizer.optimize_model`; nothing here writes the fused graph by hand.
+"""
+
+from __future__ import annotations
+
+import collections
+import warnings
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper
+
+from gebackend.compile import passes
+from gebackend.compile.unused_rows import prune_unused_rows
+
+LENGTH = 9
+
+
+@pytest.fixture(scope="module")
+def fused(tmp_path_factory):
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from onnxruntime.transformers.optimizer import optimize_model
+
+    folder = tmp_path_factory.mktemp("fused")
+
+    class Logits(torch.nn.Module):
+        def __init__(self, model):
+            super().__init__()
+            self.model = model
+
+        def forward(self, input_ids, attention_mask):
+            return self.model(input_ids=input_ids, attention_mask=attention_mask)["logits"]
+
+    files = {}
+    for attention in ("sdpa", "eager"):
+        torch.manual_seed(0)
+        model = transformers.BertForSequenceClassification(transformers.BertConfig(
+            vocab_size=1000, max_position_embeddings=128, num_labels=32, hidden_size=32, num_hidden_layers=2,
+            num_attention_heads=4, intermediate_size=64, attn_implementation=attention)).eval()
+        exported, files[attention] = folder / f"{attention}.onnx", folder / f"{attention}_optimized.onnx"
+        axes = {"batch": 0, "sequence": 1}
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            torch.onnx.export(Logits(model), (torch.randint(0, 1000, (2, 7)), torch.ones(2, 7, dtype=torch.int64)),
+                              str(exported), input_names=["input_ids", "attention_mask"], output_names=["logits"],
+                              dynamic_axes={"input_ids": {v: k for k, v in axes.items()},
+                                            "attention_mask": {v: k for k, v in axes.items()}, "logits": {0: "batch"}},
+                              opset_version=17, dynamo=False)
+            optimize_model(str(exported), model_type="bert", num_heads=4, hidden_size=32,
+                           opt_level=1).save_model_to_file(str(files[attention]))
+    return files
+
+
+def _feeds(batch: int) -> dict:
+    mask = np.ones((batch, LENGTH), np.int64)
+    mask[1:, LENGTH - 3:] = 0  # a padded second text
+    return {"input_ids": np.random.default_rng(batch).integers(0, 1000, (batch, LENGTH)), "attention_mask": mask}
+
+
+def _answers(model: onnx.ModelProto, feeds: dict, also: str | None = None) -> list[np.ndarray]:
+    """The model's outputs, and the inner tensor `also` after them."""
+    if also is not None:
+        copy = onnx.ModelProto()
+        copy.CopyFrom(model)
+        copy.graph.output.append(helper.make_tensor_value_info(also, TensorProto.FLOAT, None))
+        model = copy
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # the graph as written
+    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"]).run(None, feeds)
+
+
+def _last(model: onnx.ModelProto, op_type: str) -> str:
+    """The output of the graph's last node of `op_type` (the last layer's)."""
+    return [node for node in model.graph.node if node.op_type == op_type][-1].output[0]
+
+
+def _fused_ops(model: onnx.ModelProto) -> collections.Counter:
+    return collections.Counter(node.op_type for node in model.graph.node if node.domain == "com.microsoft")
+
+
+@pytest.mark.parametrize("attention, fused_ops, least", [
+    ("sdpa", {"SkipLayerNormalization", "BiasGelu"}, 15),
+    ("eager", {"SkipLayerNormalization", "BiasGelu", "Attention", "EmbedLayerNormalization"}, 6),
+])
+def test_an_optimized_file_computes_its_last_feed_forward_for_the_first_token_only(fused, attention, fused_ops, least):
+    original = onnx.load(str(fused[attention]))
+    assert set(_fused_ops(original)) == fused_ops  # the optimizer fused what this test is about
+    pruned, moved = prune_unused_rows(original)
+    assert moved >= least  # eager: both norms, the feed-forward and the attention's output projection, not Attention
+    gelu = _last(pruned, "BiasGelu")
+    for batch in (1, 3):
+        want, inner_before = _answers(original, _feeds(batch), _last(original, "BiasGelu"))
+        got, inner = _answers(pruned, _feeds(batch), gelu)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+        assert inner_before.shape == (batch, LENGTH, 64)
+        assert inner.shape == (batch, 1, 64)  # the last layer's GELU ran on the [CLS] token alone
+        np.testing.assert_allclose(inner[:, 0], inner_before[:, 0], rtol=1e-5, atol=1e-5)
+    assert _fused_ops(pruned) == _fused_ops(original)  # moved, not unfused
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+def test_an_optimized_file_as_a_static_graph_answers_the_same(fused, attention):
+    original = onnx.load(str(fused[attention]))
+    feeds = _feeds(2)
+    shapes = {key: value.shape for key, value in feeds.items()}
+    compiled = passes.compile_graph(original, shapes, 1 << 20, lambda *said: pytest.fail(f"pass skipped: {said}"))
+    got, inner = _answers(compiled, feeds, _last(compiled, "BiasGelu"))
+    np.testing.assert_allclose(got, _answers(original, feeds)[0], rtol=1e-5, atol=1e-5)
+    assert inner.shape == (2, 1, 64)
+
+
+def test_a_failing_symbolic_shape_inference_leaves_the_fused_ops_where_they_are(fused, monkeypatch):
+    from gebackend.compile import light
+
+    def fails(model):
+        raise AssertionError("symbolic shape inference gave up")
+
+    monkeypatch.setattr(light, "symbolic_shapes", fails)
+    original = onnx.load(str(fused["sdpa"]))
+    pruned, moved = prune_unused_rows(original)  # ONNX's inference: no dims past the fused ops, nothing moves there
+    assert moved == 0
+    np.testing.assert_allclose(_answers(pruned, _feeds(3))[0], _answers(original, _feeds(3))[0], rtol=1e-6)
