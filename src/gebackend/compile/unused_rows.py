@@ -26,9 +26,9 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from gebackend.compile import light
+from gebackend.compile import live_nodes
 from gebackend.compile.graph_pass import GraphPass, PassContext, reason
-from gebackend.compile.row_rules import GraphView, Rows, attribute, node_subgraph_reads, plan, subgraph_reads
+from gebackend.compile.row_rules import GraphView, Rows, attribute, plan
 from gebackend.compile.upgrade import default_opset
 
 METADATA_KEY = "gebackend.unused_rows"  # on a compiled graph: "<nodes moved> <nodes added>" (`pass_record`)
@@ -212,52 +212,7 @@ def _rewrite(model: onnx.ModelProto, region: _Region) -> onnx.ModelProto:
                          outputs=list(seed.output))
         replaced.add(id(seed))
     nodes = [node for node in model.graph.node if id(node) not in replaced] + writer.nodes
-    return _live(model, _in_order(nodes))
-
-
-def _in_order(nodes: list[onnx.NodeProto]) -> list[onnx.NodeProto]:
-    """`nodes` sorted so that each comes after the makers of what it reads (its subgraphs' outer reads included),
-    keeping the given order where it may."""
-    maker = {out: index for index, node in enumerate(nodes) for out in node.output if out}
-    needs = []
-    for node in nodes:
-        reads = set(node.input) | node_subgraph_reads(node)
-        needs.append(sorted({maker[name] for name in reads if name in maker}))
-    done, order = [False] * len(nodes), []
-    for root in range(len(nodes)):
-        stack = [(root, 0)]
-        while stack:
-            index, next_need = stack.pop()
-            if done[index]:
-                continue
-            if next_need < len(needs[index]):
-                stack.append((index, next_need + 1))
-                if not done[needs[index][next_need]]:
-                    stack.append((needs[index][next_need], 0))
-                continue
-            done[index] = True
-            order.append(nodes[index])
-    return order
-
-
-def _live(model: onnx.ModelProto, nodes: list[onnx.NodeProto]) -> onnx.ModelProto:
-    """A model of the `nodes` some graph output needs (a new model; no weight is copied)."""
-    needed = {value.name for value in model.graph.output} | subgraph_reads(model.graph)
-    kept = []
-    for node in reversed(nodes):
-        if any(out in needed for out in node.output if out):
-            kept.append(node)
-            needed.update(name for name in node.input if name)
-            needed |= node_subgraph_reads(node)
-    kept.reverse()
-    out = light.with_initializers(model, [init for init in model.graph.initializer if init.name in needed])
-    del out.graph.node[:]
-    out.graph.node.extend(kept)
-    made = {name for node in kept for name in node.output}
-    values = [value for value in out.graph.value_info if value.name in made]
-    del out.graph.value_info[:]
-    out.graph.value_info.extend(values)
-    return out
+    return live_nodes.live(model, live_nodes.in_order(nodes))
 
 
 def _prune_once(model: onnx.ModelProto, done: set[str]) -> tuple[onnx.ModelProto, int]:
