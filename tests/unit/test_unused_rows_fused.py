@@ -1,9 +1,10 @@
 """compile/unused_rows.py on files ONNX Runtime's transformer optimizer wrote (`optimum-cli export onnx --optimize`):
 their com.microsoft ops (SkipLayerNormalization, BiasGelu, the fused Attention) carry the selection as the ops they
-fuse do, their dims from ONNX Runtime's symbolic shape inference.
+fuse do, their dims from ONNX Runtime's symbolic shape inference; and nodes whose other outputs are read too (a
+pre-norm layer's SkipLayerNormalization answers the residual sum beside the norm) move with all of them.
 
-A Hugging Face BERT classifier (random weights) exported by torch both ways its attention exports (SDPA: norms and
-GELU fused; eager: Attention and the embedding's norm fused too), then optimized by
+Hugging Face classifiers (random weights): BERT exported by torch both ways its attention exports (SDPA: norms and
+GELU fused; eager: Attention and the embedding's norm fused too) and a pre-norm ViT, then optimized by
 `onnxruntime.transformers.optimizer.optimize_model`; nothing here writes the fused graph by hand.
 """
 
@@ -16,7 +17,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 
 from gebackend.compile import passes
 from gebackend.compile.unused_rows import prune_unused_rows
@@ -40,6 +41,14 @@ def fused(tmp_path_factory):
         def forward(self, input_ids, attention_mask):
             return self.model(input_ids=input_ids, attention_mask=attention_mask)["logits"]
 
+    class Pixels(torch.nn.Module):
+        def __init__(self, model):
+            super().__init__()
+            self.model = model
+
+        def forward(self, pixel_values):
+            return self.model(pixel_values=pixel_values)["logits"]
+
     files = {}
     for attention in ("sdpa", "eager"):
         torch.manual_seed(0)
@@ -57,13 +66,28 @@ def fused(tmp_path_factory):
                               opset_version=17, dynamo=False)
             optimize_model(str(exported), model_type="bert", num_heads=4, hidden_size=32,
                            opt_level=1).save_model_to_file(str(files[attention]))
+    torch.manual_seed(0)
+    vit = transformers.ViTForImageClassification(transformers.ViTConfig(
+        image_size=32, patch_size=8, num_labels=10, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+        intermediate_size=64)).eval()
+    exported, files["vit"] = folder / "vit.onnx", folder / "vit_optimized.onnx"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(Pixels(vit), (torch.randn(2, 3, 32, 32),), str(exported), input_names=["pixel_values"],
+                          output_names=["logits"], dynamic_axes={"pixel_values": {0: "batch"}, "logits": {0: "batch"}},
+                          opset_version=17, dynamo=False)
+        optimize_model(str(exported), model_type="vit", num_heads=4, hidden_size=32,
+                       opt_level=1).save_model_to_file(str(files["vit"]))
     return files
 
 
-def _feeds(batch: int) -> dict:
+def _feeds(batch: int, name: str = "bert") -> dict:
+    rng = np.random.default_rng(batch)
+    if name == "vit":
+        return {"pixel_values": rng.standard_normal((batch, 3, 32, 32)).astype(np.float32)}
     mask = np.ones((batch, LENGTH), np.int64)
     mask[1:, LENGTH - 3:] = 0  # a padded second text
-    return {"input_ids": np.random.default_rng(batch).integers(0, 1000, (batch, LENGTH)), "attention_mask": mask}
+    return {"input_ids": rng.integers(0, 1000, (batch, LENGTH)), "attention_mask": mask}
 
 
 def _answers(model: onnx.ModelProto, feeds: dict, also: str | None = None) -> list[np.ndarray]:
@@ -129,3 +153,46 @@ def test_a_failing_symbolic_shape_inference_leaves_the_fused_ops_where_they_are(
     pruned, moved = prune_unused_rows(original)  # ONNX's inference: no dims past the fused ops, nothing moves there
     assert moved == 0
     np.testing.assert_allclose(_answers(pruned, _feeds(3))[0], _answers(original, _feeds(3))[0], rtol=1e-6)
+
+
+def test_a_pre_norm_layer_moves_its_norm_with_the_residual_sum_it_also_answers(fused):
+    original = onnx.load(str(fused["vit"]))
+    readers = {name for node in original.graph.node for name in node.input}
+    sums = [node for node in original.graph.node
+            if node.op_type == "SkipLayerNormalization" and len(node.output) > 3 and node.output[3] in readers]
+    assert sums  # the optimizer's norm answering the residual too, which this test is about
+    pruned, moved = prune_unused_rows(original)
+    assert moved >= 15  # before: 4 (the final norm and the head), the norm with a read sum stopped the selection
+    for batch in (1, 3):
+        want, inner_before = _answers(original, _feeds(batch, "vit"), _last(original, "BiasGelu"))
+        got, inner = _answers(pruned, _feeds(batch, "vit"), _last(pruned, "BiasGelu"))
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+        assert inner_before.shape == (batch, 17, 64) and inner.shape == (batch, 1, 64)
+
+
+def _norm_model(mean_is_an_output: bool) -> onnx.ModelProto:
+    """x [2, 5, 4] @ w -> h; LayerNormalization(h) -> y and its mean; out = (y + mean)[:, 3]."""
+    rng = np.random.default_rng(0)
+    weights = [numpy_helper.from_array(rng.standard_normal(dims).astype(np.float32), name)
+               for name, dims in (("w", [4, 4]), ("scale", [4]), ("bias", [4]))]
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]),
+             helper.make_node("LayerNormalization", ["h", "scale", "bias"], ["y", "mean"], axis=-1),
+             helper.make_node("Add", ["y", "mean"], ["z"]),
+             helper.make_node("Gather", ["z", "i"], ["out"], axis=1)]
+    outputs = [helper.make_tensor_value_info("out", TensorProto.FLOAT, None)]
+    if mean_is_an_output:
+        outputs.append(helper.make_tensor_value_info("mean", TensorProto.FLOAT, None))
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 5, 4])], outputs,
+                              [*weights, numpy_helper.from_array(np.array(3, np.int64), "i")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("mean_is_an_output, moves", [(False, 3), (True, 1)])
+def test_a_norm_whose_mean_is_read_moves_only_where_every_output_wants_the_same_rows(mean_is_an_output, moves):
+    model = _norm_model(mean_is_an_output)
+    pruned, moved = prune_unused_rows(model)
+    assert moved == moves  # the MatMul, the norm and the Add; the Add alone where the mean is answered in full
+    feeds = {"x": np.random.default_rng(1).standard_normal((2, 5, 4)).astype(np.float32)}
+    for want, got in zip(_answers(model, feeds), _answers(pruned, feeds)):
+        assert got.shape == want.shape
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)

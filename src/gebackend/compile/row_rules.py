@@ -38,6 +38,7 @@ _BROADCAST = frozenset({
 # the Skip* norms also add their second input (the residual, broadcast as Add broadcasts)
 _CONTRIB_ROWWISE = frozenset({"BiasGelu", "FastGelu", "Gelu", "QuickGelu"})
 _CONTRIB_SKIP_NORMS = frozenset({"SkipLayerNormalization", "SkipSimplifiedLayerNormalization"})
+_ROWS_IN_EVERY_OUTPUT = _CONTRIB_SKIP_NORMS | {"LayerNormalization", "Dropout"}
 _REDUCE = frozenset({
     "ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2", "ReduceLogSum",
     "ReduceLogSumExp", "ReduceSumSquare",
@@ -226,6 +227,12 @@ def plan(graph: GraphView, node: onnx.NodeProto, rows: Rows) -> tuple[Plan, dict
             return [Rows(rows.axis - width + 1, rows.start, rows.stop), None], {}
         return None
     return None
+
+
+def outputs_follow_rows(node: onnx.NodeProto) -> bool:
+    """Whether every output of `node` holds, on the axes its rule passes, the rows its first output holds: a norm's
+    mean and inverse deviation (one per row) and the sum a Skip* norm also answers, Dropout's mask."""
+    return node.op_type in _ROWS_IN_EVERY_OUTPUT and node.domain in ("", "ai.onnx", "com.microsoft")
 
 
 def _plan_contrib(graph: GraphView, node: onnx.NodeProto, rows: Rows, rank: int, out_dim: Dim) -> tuple[Plan, dict] | None:

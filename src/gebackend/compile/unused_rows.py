@@ -28,7 +28,7 @@ from onnx import helper, numpy_helper
 
 from gebackend.compile import live_nodes
 from gebackend.compile.graph_pass import GraphPass, PassContext, reason
-from gebackend.compile.row_rules import GraphView, Rows, attribute, plan
+from gebackend.compile.row_rules import GraphView, Rows, attribute, outputs_follow_rows, plan
 from gebackend.compile.upgrade import default_opset
 
 METADATA_KEY = "gebackend.unused_rows"  # on a compiled graph: "<nodes moved> <nodes added>" (`pass_record`)
@@ -95,8 +95,13 @@ class _Region:
                 continue
             self.wanted[name] = part
             node = view.maker.get(name)
-            if node is None or name in view.outputs or name in view.body_reads or node.output[0] != name \
-                    or any(out and (out in view.readers or out in view.outputs) for out in node.output[1:]):
+            if node is None or name in view.outputs or name in view.body_reads:
+                continue
+            others = [out for out in node.output[1:] if out and (out in view.readers or out in view.outputs)]
+            if others and not (outputs_follow_rows(node) and not any(out in view.outputs for out in others)):
+                continue  # another output is read, and it does not come row for row with the first
+            if node.output[0] != name:
+                stack.append((node.output[0], part))  # a second output moves with the first, for the same rows
                 continue
             planned = plan(view, node, part)
             if planned is None:
@@ -106,10 +111,21 @@ class _Region:
         self.movable = set(self.plans) - conflicting
         while True:  # keep a tensor only where every reader is in the region, wanting the same rows
             reads = self._reads()
-            dropped = {name for name in self.movable if reads[name] != len(view.readers.get(name, ()))}
+            dropped = {name for name in self.movable
+                       if any(reads[out] != len(view.readers.get(out, ())) or self.wanted.get(out) != self.wanted[name]
+                              for out in self.outputs(name))}
             if not dropped:
                 break
             self.movable -= dropped
+
+    def outputs(self, name: str) -> list[str]:
+        """The outputs of the node making `name` (its first output) that are read: they move together."""
+        return [name] + [out for out in self.view.maker[name].output[1:] if out in self.view.readers]
+
+    def moved(self, name: str) -> bool:
+        """Whether tensor `name`, a node's first output or another, is computed for its wanted rows only."""
+        node = self.view.maker.get(name)
+        return node is not None and node.output[0] in self.movable and name in self.outputs(node.output[0])
 
     def _reads(self) -> Counter:
         reads: Counter = Counter()
@@ -125,7 +141,7 @@ class _Region:
         return reads
 
     def moves(self) -> bool:
-        return self.seeds[0].input[0] in self.movable
+        return self.moved(self.seeds[0].input[0])
 
 
 class _Writer:
@@ -169,7 +185,7 @@ def _rewrite(model: onnx.ModelProto, region: _Region) -> onnx.ModelProto:
     renamed: dict[str, str] = {}
 
     def take(source: str, need: Rows) -> str:
-        if source in region.movable and region.wanted[source] == need:
+        if region.moved(source) and region.wanted[source] == need:
             return renamed[source]
         return writer.slice(source, need.start, need.stop, need.axis, source)
 
@@ -186,8 +202,11 @@ def _rewrite(model: onnx.ModelProto, region: _Region) -> onnx.ModelProto:
         moved.CopyFrom(node)
         del moved.input[:], moved.output[:]
         moved.input.extend(inputs)
-        renamed[name] = writer.name(name)
-        moved.output.append(renamed[name])
+        for out in region.outputs(name):
+            renamed[out] = writer.name(out)
+        moved.output.extend(renamed.get(out, "") for out in node.output)
+        while moved.output and not moved.output[-1]:
+            moved.output.pop()  # the outputs nobody reads, left off at the end
         moved.name = writer.name((node.name or name) + "_kept")
         writer.nodes.append(moved)
         for reader in view.readers.get(name, ()):
