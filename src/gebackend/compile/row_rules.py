@@ -103,16 +103,18 @@ class GraphView:
 
 
 def _inferred(model: onnx.ModelProto) -> onnx.ModelProto:
-    """The model with its inferred value_info: ONNX Runtime's symbolic shape inference on the weightless copy where the
-    graph has com.microsoft ops (ONNX's leaves their outputs, and all they feed, without dims), else ONNX's."""
+    """The model's weightless copy (`light.light_copy`: its weights graph inputs of their dims) with its inferred
+    value_info: ONNX Runtime's symbolic shape inference where the graph has com.microsoft ops (ONNX's leaves their
+    outputs, and all they feed, without dims), else ONNX's. Never a copy of the weights (0.4 s on BERT-base)."""
+    weightless = light.light_copy(model)
     if any(node.domain == "com.microsoft" for node in model.graph.node):
         try:
-            inferred = light.symbolic_shapes(light.light_copy(model))
+            inferred = light.symbolic_shapes(weightless)
         except Exception:  # noqa: BLE001 - its failure only leaves those dims unknown: ONNX's inference answers
             inferred = None
         if inferred is not None:
             return inferred
-    return light.infer_shapes(model, data_prop=True)
+    return onnx.shape_inference.infer_shapes(weightless, strict_mode=False, data_prop=True)
 
 
 def attribute(node: onnx.NodeProto, name: str, default):
