@@ -47,8 +47,9 @@ def light_copy(model: onnx.ModelProto, min_bytes: int = LIGHT_MIN_BYTES) -> onnx
 
 
 def with_initializers(model: onnx.ModelProto, initializers: Iterable[onnx.TensorProto]) -> onnx.ModelProto:
-    """A new model with `model`'s fields and graph, the graph's initializers replaced by `initializers`: none of
-    `model`'s weights is copied (a ModelProto's CopyFrom copies every byte of them)."""
+    """A new model with `model`'s fields and graph, the graph's initializers replaced by `initializers`: those are
+    copied into it (protobuf's extend copies: 0.4 s for 200 MB), none of `model`'s others (a ModelProto's CopyFrom
+    copies every byte of them)."""
     out = onnx.ModelProto()
     for field in ("ir_version", "producer_name", "producer_version", "domain", "model_version", "doc_string"):
         if model.HasField(field):  # proto2: an unset field stays unset

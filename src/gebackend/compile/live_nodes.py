@@ -35,7 +35,7 @@ def in_order(nodes: list[onnx.NodeProto]) -> list[onnx.NodeProto]:
 
 
 def live(model: onnx.ModelProto, nodes: list[onnx.NodeProto]) -> onnx.ModelProto:
-    """A model of the `nodes` some graph output needs (a new model; no weight is copied)."""
+    """A model of the `nodes` some graph output needs (a new model, the weights they read copied into it)."""
     needed = {value.name for value in model.graph.output} | subgraph_reads(model.graph)
     kept = []
     for node in reversed(nodes):
