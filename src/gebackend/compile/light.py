@@ -11,6 +11,7 @@ input of its own type and dims instead (the same to shape inference and to the c
 
 from __future__ import annotations
 
+import logging
 import math
 from typing import Iterable
 
@@ -95,4 +96,10 @@ def symbolic_shapes(model: onnx.ModelProto) -> onnx.ModelProto | None:
     not); None where it declines the model (opset below 7). Raises what it raises."""
     from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
 
-    return SymbolicShapeInference.infer_shapes(model, auto_merge=True, guess_output_rank=True)
+    logger = logging.getLogger(SymbolicShapeInference.__module__)
+    level = logger.level
+    logger.setLevel(logging.ERROR)  # its warnings are its own guesses ("Cannot determine if ... < 0"), not the user's
+    try:
+        return SymbolicShapeInference.infer_shapes(model, auto_merge=True, guess_output_rank=True)
+    finally:
+        logger.setLevel(level)
