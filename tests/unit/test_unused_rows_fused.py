@@ -13,6 +13,7 @@ from __future__ import annotations
 import collections
 import logging
 import warnings
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -35,50 +36,39 @@ def fused(tmp_path_factory):
     folder = tmp_path_factory.mktemp("fused")
 
     class Logits(torch.nn.Module):
-        def __init__(self, model):
+        """The classifier's logits, its inputs given by position in the order of `inputs`."""
+
+        def __init__(self, model, inputs):
             super().__init__()
-            self.model = model
+            self.model, self.inputs = model, inputs
 
-        def forward(self, input_ids, attention_mask):
-            return self.model(input_ids=input_ids, attention_mask=attention_mask)["logits"]
+        def forward(self, *args):
+            return self.model(**dict(zip(self.inputs, args)))["logits"]
 
-    class Pixels(torch.nn.Module):
-        def __init__(self, model):
-            super().__init__()
-            self.model = model
+    def exported(name, model, args, axes, model_type) -> Path:
+        inputs = list(axes)
+        plain, optimized = folder / f"{name}.onnx", folder / f"{name}_optimized.onnx"
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            torch.onnx.export(Logits(model, inputs), args, str(plain), input_names=inputs, output_names=["logits"],
+                              dynamic_axes={**axes, "logits": {0: "batch"}}, opset_version=17, dynamo=False)
+            optimize_model(str(plain), model_type=model_type, num_heads=4, hidden_size=32,
+                           opt_level=1).save_model_to_file(str(optimized))
+        return optimized
 
-        def forward(self, pixel_values):
-            return self.model(pixel_values=pixel_values)["logits"]
-
+    layers = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64)
+    text = {"input_ids": {0: "batch", 1: "sequence"}, "attention_mask": {0: "batch", 1: "sequence"}}
     files = {}
     for attention in ("sdpa", "eager"):
         torch.manual_seed(0)
         model = transformers.BertForSequenceClassification(transformers.BertConfig(
-            vocab_size=1000, max_position_embeddings=128, num_labels=32, hidden_size=32, num_hidden_layers=2,
-            num_attention_heads=4, intermediate_size=64, attn_implementation=attention)).eval()
-        exported, files[attention] = folder / f"{attention}.onnx", folder / f"{attention}_optimized.onnx"
-        axes = {"batch": 0, "sequence": 1}
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            torch.onnx.export(Logits(model), (torch.randint(0, 1000, (2, 7)), torch.ones(2, 7, dtype=torch.int64)),
-                              str(exported), input_names=["input_ids", "attention_mask"], output_names=["logits"],
-                              dynamic_axes={"input_ids": {v: k for k, v in axes.items()},
-                                            "attention_mask": {v: k for k, v in axes.items()}, "logits": {0: "batch"}},
-                              opset_version=17, dynamo=False)
-            optimize_model(str(exported), model_type="bert", num_heads=4, hidden_size=32,
-                           opt_level=1).save_model_to_file(str(files[attention]))
+            vocab_size=1000, max_position_embeddings=128, num_labels=32, attn_implementation=attention, **layers))
+        files[attention] = exported(attention, model.eval(), (torch.randint(0, 1000, (2, 7)),
+                                    torch.ones(2, 7, dtype=torch.int64)), text, "bert")
     torch.manual_seed(0)
-    vit = transformers.ViTForImageClassification(transformers.ViTConfig(
-        image_size=32, patch_size=8, num_labels=10, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-        intermediate_size=64)).eval()
-    exported, files["vit"] = folder / "vit.onnx", folder / "vit_optimized.onnx"
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        torch.onnx.export(Pixels(vit), (torch.randn(2, 3, 32, 32),), str(exported), input_names=["pixel_values"],
-                          output_names=["logits"], dynamic_axes={"pixel_values": {0: "batch"}, "logits": {0: "batch"}},
-                          opset_version=17, dynamo=False)
-        optimize_model(str(exported), model_type="vit", num_heads=4, hidden_size=32,
-                       opt_level=1).save_model_to_file(str(files["vit"]))
+    vit = transformers.ViTForImageClassification(transformers.ViTConfig(image_size=32, patch_size=8, num_labels=10,
+                                                                        **layers))
+    files["vit"] = exported("vit", vit.eval(), (torch.randn(2, 3, 32, 32),), {"pixel_values": {0: "batch"}}, "vit")
     return files
 
 
