@@ -6,7 +6,10 @@ answers need the weights' types and dims, never their bytes, except for the smal
 propagation reads as shapes. So they run on a light copy: every initializer of `LIGHT_MIN_BYTES` or more a graph
 input of its own type and dims instead (the same to shape inference and to the checker), the rest as they are.
 
-`symbolic_shapes` is ONNX Runtime's symbolic shape inference, which also knows ONNX Runtime's com.microsoft operators.
+`symbolic_shapes` is ONNX Runtime's symbolic shape inference, which also knows ONNX Runtime's com.microsoft operators
+(the fused `SkipLayerNormalization`, `BiasGelu`, `Attention`, ... of its transformer optimizer): `typed_light_copy`
+types a graph that has such operators with it, where ONNX's inference would leave their outputs and everything they
+feed without dims.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import onnx
 from onnx import helper
 
 LIGHT_MIN_BYTES = 4096  # shape values (Reshape's target, Slice's ends, ...) are a few dozen bytes
+CONTRIB_DOMAIN = "com.microsoft"  # ONNX Runtime's own operators
 
 
 def tensor_bytes(init: onnx.TensorProto) -> int:
@@ -66,6 +70,27 @@ def with_initializers(model: onnx.ModelProto, initializers: Iterable[onnx.Tensor
         getattr(graph, field).extend(getattr(source, field))
     graph.initializer.extend(initializers)
     return out
+
+
+def has_contrib_ops(model: onnx.ModelProto) -> bool:
+    """Whether the graph has ONNX Runtime's com.microsoft operators (ONNX's shape inference does not know them)."""
+    return any(node.domain == CONTRIB_DOMAIN for node in model.graph.node)
+
+
+def typed_light_copy(model: onnx.ModelProto, data_prop: bool) -> onnx.ModelProto:
+    """The light copy of `model` with its value_info inferred: by ONNX Runtime's symbolic shape inference where the
+    graph has com.microsoft operators and that inference completes, else by
+    `onnx.shape_inference.infer_shapes(strict_mode=False, data_prop=...)` (raises what that raises). Never a copy of
+    the weights."""
+    weightless = light_copy(model)
+    if has_contrib_ops(model):
+        try:
+            typed = symbolic_shapes(weightless)
+        except Exception:  # noqa: BLE001 - it stops where it cannot resolve a dim; ONNX's inference then answers
+            typed = None
+        if typed is not None:
+            return typed
+    return onnx.shape_inference.infer_shapes(weightless, strict_mode=False, data_prop=data_prop)
 
 
 def infer_shapes(model: onnx.ModelProto, data_prop: bool, in_place: bool = False) -> onnx.ModelProto:

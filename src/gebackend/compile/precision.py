@@ -112,7 +112,7 @@ def quantizer_source(path: Path, scratch: Path, log: Callable[[str], None] = lam
 def _typed(model: onnx.ModelProto, log: Callable[[str], None]) -> onnx.ModelProto:
     """`model` with the outputs of its com.microsoft operators typed by ONNX Runtime's symbolic shape inference, which
     knows them (its quantization pre-processing runs the same); a graph without such operators as it is."""
-    if not any(node.domain == "com.microsoft" for node in model.graph.node):
+    if not light.has_contrib_ops(model):
         return model
     try:
         with _quiet():
