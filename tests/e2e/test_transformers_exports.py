@@ -2,7 +2,8 @@
 export them (dims named as optimum names them), served through the real server with bare configs and answered as
 ONNX Runtime answers the same file: BERT, RoBERTa, GPT-2 with its KV cache (the mask's dim named
 `past_sequence_length + sequence_length`), ViT (every pixel dim free), BERT fused by ONNX Runtime's transformers
-optimizer into com.microsoft ops (what `optimum-cli export onnx --optimize O2` writes), and GPT-2 by torch's default
+optimizer into com.microsoft ops (what `optimum-cli export onnx --optimize O2` writes; as a file and in shape
+buckets), and GPT-2 by torch's default
 (dynamo) exporter, its weights in model.onnx.data. Beside each plain config, the
 settings these models broke: int8 of the fused graph (ONNX Runtime's quantizer failed on it), `precision_mode=auto` on
 GPT-2 (its accuracy check failed on the cache's mask, so auto served fp32), int8 of ViT with its dims in config.pbtxt
@@ -49,6 +50,11 @@ SERVED = {
                  + P("precision_mode", "int8") + P("precision_min_cosine", "0.99"), False),
     "bert_fused": ("bert_fused", 'backend: "ge"\n', True),
     "bert_fused_int8": ("bert_fused", 'backend: "ge"\n' + P("precision_mode", "int8"), False),
+    # its static graph typed by ONNX Runtime's symbolic shape inference: shape arithmetic folded, output bound once
+    "bert_fused_buckets": ("bert_fused", 'backend: "ge"\n' + P("static_model", "1")
+                           + P("graph.ge.inputShape", "input_ids:-1,-1;attention_mask:-1,-1;token_type_ids:-1,-1")
+                           + P("graph.ge.dynamicDims", "1,16,1,16,1,16;2,16,2,16,2,16")
+                           + P("bucket_paddable_dims", "sequence_length"), True),
     # torch's default exporter (dynamo): opset 20, the weights in model.onnx.data beside the file, GPT-2's LM head the
     # transpose of its tied embedding (NNCF's SmoothQuant failed on it)
     "gpt2_dynamo": ("gpt2_dynamo", 'backend: "ge"\n', True),
@@ -216,7 +222,7 @@ def test_the_lowered_settings_serve_what_they_ask_checked_on_inputs_the_model_ta
 
 
 @pytest.mark.parametrize("name, least", [("bert", 10), ("vit", 10), ("bert_buckets", 10), ("vit_int8", 10),
-                                         ("bert_fused", 6), ("bert_fused_int8", 6)])
+                                         ("bert_fused", 6), ("bert_fused_int8", 6), ("bert_fused_buckets", 6)])
 def test_a_classifier_reading_its_first_token_is_served_computing_that_token_only(served, name, least):
     """BERT's and ViT's heads read `[CLS]`: every graph mode and precision serves the copy whose last layer computes
     that row only (compile/unused_rows.py), and answers as the file does (the test above); so does BERT as ONNX

@@ -205,3 +205,43 @@ def test_the_symbolic_inference_keeps_its_warnings_out_of_the_log(fused, caplog)
     assert moved >= 15  # it ran, and answered
     assert not [record for record in caplog.records if "Cannot determine" in record.getMessage()]
     assert symbolic_shape_infer.logger.level == logging.NOTSET  # its level given back
+
+
+@pytest.mark.parametrize("name", ["sdpa", "eager", "vit"])
+def test_an_optimized_file_as_a_static_graph_knows_every_shape_and_binds_its_output_once(fused, name):
+    """ONNX's shape inference knows no com.microsoft op: the static graph broke at the first SkipLayerNormalization,
+    its shape arithmetic stayed unfolded and its output was allocated on every run. ONNX Runtime's symbolic shape
+    inference types them from the fixed input dims."""
+    from gebackend.compile.doctor import analyze
+    from gebackend.compile.graph import CompiledGraph
+
+    original = onnx.load(str(fused[name]))
+    feeds = _feeds(2, name)
+    shapes = {key: value.shape for key, value in feeds.items()}
+    compiled = passes.compile_graph(original, shapes, 1 << 20, lambda *said: pytest.fail(f"pass skipped: {said}"))
+    graph = CompiledGraph(shapes, compiled)
+    assert graph.runtime_outputs == frozenset() and graph.fully_static
+    assert not [node for node in compiled.graph.node if node.op_type == "Shape"]  # the shape arithmetic folded
+    report = analyze(original, shapes)
+    assert report.static_node_count == report.node_count and report.first_break is None
+    assert report.runtime_outputs == {}
+    np.testing.assert_allclose(_answers(compiled, feeds)[0], _answers(original, feeds)[0], rtol=1e-5, atol=1e-5)
+
+
+def test_where_the_symbolic_inference_fails_the_static_graph_says_so_and_answers_the_same(fused, monkeypatch):
+    from gebackend.compile import light
+    from gebackend.compile.doctor import analyze
+
+    def fails(model):
+        raise AssertionError("symbolic shape inference gave up")
+
+    monkeypatch.setattr(light, "symbolic_shapes", fails)
+    original = onnx.load(str(fused["sdpa"]))
+    feeds = _feeds(2)
+    shapes = {key: value.shape for key, value in feeds.items()}
+    report = analyze(original, shapes)
+    assert report.first_break.op_type == "SkipLayerNormalization"
+    assert "its symbolic shape inference did not resolve its outputs" in report.first_break.reason
+    assert "outside the ai.onnx domain" in report.runtime_outputs["logits"]  # allocated per run: still right
+    compiled = passes.compile_graph(original, shapes, 1 << 20, lambda *said: pytest.fail(f"pass skipped: {said}"))
+    np.testing.assert_allclose(_answers(compiled, feeds)[0], _answers(original, feeds)[0], rtol=1e-5, atol=1e-5)

@@ -30,6 +30,7 @@ from gebackend.compile.constants import (
     label,
     types_of,
 )
+from gebackend.compile.light import CONTRIB_DOMAIN
 from gebackend.compile.runtime_shapes import (
     CONTROL_FLOW,
     DATA_DEPENDENT,
@@ -180,6 +181,8 @@ def _break_reason(
         return f"input '{name}' has unresolved dim {axis}" + (f" ('{param}')" if param else "") + f" ({where})"
     if node.domain == "ai.onnx.ml":  # a standard domain: onnx infers most of its ops, not all of their outputs
         return f"ONNX-ML op {node.domain}::{op}: onnx's shape inference does not resolve its outputs"
+    if node.domain == CONTRIB_DOMAIN:
+        return f"ONNX Runtime op {node.domain}::{op}: its symbolic shape inference did not resolve its outputs"
     if node.domain not in DEFAULT_DOMAINS:
         return f"custom op {node.domain}::{op}: no shape inference for it"
     for position in VALUE_DEPENDENT.get(op, ()):

@@ -7,9 +7,10 @@ propagation reads as shapes. So they run on a light copy: every initializer of `
 input of its own type and dims instead (the same to shape inference and to the checker), the rest as they are.
 
 `symbolic_shapes` is ONNX Runtime's symbolic shape inference, which also knows ONNX Runtime's com.microsoft operators
-(the fused `SkipLayerNormalization`, `BiasGelu`, `Attention`, ... of its transformer optimizer): `typed_light_copy`
-types a graph that has such operators with it, where ONNX's inference would leave their outputs and everything they
-feed without dims.
+(the fused `SkipLayerNormalization`, `BiasGelu`, `Attention`, ... of its transformer optimizer): `typed_light_copy`,
+and so `infer_shapes`, type a graph that has such operators with it, where ONNX's inference would leave their outputs
+and everything they feed without dims (a static graph of such a file would keep its shape arithmetic and allocate
+its outputs on every run).
 """
 
 from __future__ import annotations
@@ -94,10 +95,9 @@ def typed_light_copy(model: onnx.ModelProto, data_prop: bool) -> onnx.ModelProto
 
 
 def infer_shapes(model: onnx.ModelProto, data_prop: bool, in_place: bool = False) -> onnx.ModelProto:
-    """`onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=...)`, run on the light copy: a copy of
-    `model` (`model` itself with `in_place`: a copy of a 2 GB model takes a second) with the inferred value_info and
-    output types (raises what shape inference raises, `model` then unchanged)."""
-    inferred = onnx.shape_inference.infer_shapes(light_copy(model), strict_mode=False, data_prop=data_prop)
+    """A copy of `model` (`model` itself with `in_place`: a copy of a 2 GB model takes a second) with the value_info
+    and output types `typed_light_copy` infers (raises what ONNX's shape inference raises, `model` then unchanged)."""
+    inferred = typed_light_copy(model, data_prop)
     result = model
     if not in_place:
         result = onnx.ModelProto()

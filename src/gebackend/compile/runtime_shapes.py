@@ -5,7 +5,8 @@ from the input shapes alone. It does not when the shape depends on the data: an 
 is the data's (`NonZero`, `Unique`, `NonMaxSuppression`, ...), an op whose output shape is read from
 the *values* of an input that is not a constant after folding (`Reshape` to a shape fed by a request,
 `TopK` with a tensor `k`, `Resize` to request-given scales), control flow, an op outside the ai.onnx
-domain, or any tensor computed from one of those. `runtime_shaped` walks the graph once, in graph order,
+domain whose output shapes no shape inference fixed (ONNX Runtime's symbolic one types its com.microsoft ops:
+`light.infer_shapes`), or any tensor computed from one of those. `runtime_shaped` walks the graph once, in graph order,
 and says for each such tensor which node made it so; `Shape`/`Size` of a tensor whose shape is known
 give values known at compile time, so `Reshape(x, Shape(y))` stays static. `reads_shape_values` names the
 tensors whose runtime values decide a shape: the static engines do not warm such graphs up on zeros.
@@ -74,10 +75,13 @@ def _value_fed(node: onnx.NodeProto, known_values: set[str]) -> str | None:
     return None
 
 
-def _reason(node: onnx.NodeProto, inputs: list[str], runtime: Mapping[str, str], known_values: set[str]) -> str | None:
+def _reason(node: onnx.NodeProto, inputs: list[str], runtime: Mapping[str, str], known_values: set[str],
+            fixed: set[str]) -> str | None:
     """Why this node's outputs have a runtime shape, or None when their shape follows from the input shapes."""
     op = node.op_type
     if node.domain not in DEFAULT_DOMAINS:
+        if all(o in fixed for o in node.output if o) and not any(i in runtime for i in inputs):
+            return None  # typed by ONNX Runtime's symbolic shape inference from its inputs' fixed shapes
         return f"{_label(node)}: {node.domain}::{op} is outside the ai.onnx domain, its output shapes are only known when it runs"
     if op in DATA_DEPENDENT:
         return f"{_label(node)}: data-dependent output shape"
@@ -100,6 +104,7 @@ def _analyse(model: onnx.ModelProto) -> tuple[dict[str, str], dict[str, str]]:
     known_values = {init.name for init in graph.initializer} | {init.name for init in graph.sparse_initializer}
     runtime: dict[str, str] = {}
     shape_values: dict[str, str] = {}
+    fixed = {value.name for value in (*graph.value_info, *graph.output) if _fixed(value.type)}
     for value in graph.input:
         if value.name not in known_values and not _fixed(value.type):
             runtime[value.name] = f"graph input '{value.name}' has no fixed shape"
@@ -120,7 +125,7 @@ def _analyse(model: onnx.ModelProto) -> tuple[dict[str, str], dict[str, str]]:
         fed = _value_fed(node, known_values)
         if fed is not None:
             shape_values.setdefault(fed, _label(node))
-        reason = _reason(node, inputs, runtime, known_values)
+        reason = _reason(node, inputs, runtime, known_values, fixed)
         if reason is not None:
             for name in outputs:
                 runtime[name] = reason
