@@ -28,6 +28,7 @@ from onnx import helper, numpy_helper
 
 from gebackend.compile import live_nodes
 from gebackend.compile.graph_pass import GraphPass, PassContext, reason
+from gebackend.compile.node_writer import NodeWriter
 from gebackend.compile.row_rules import GraphView, Rows, attribute, outputs_follow_rows, plan
 from gebackend.compile.upgrade import default_opset
 
@@ -144,24 +145,11 @@ class _Region:
         return self.moved(self.seeds[0].input[0])
 
 
-class _Writer:
-    """The nodes a rewrite adds, with names no tensor or node of the graph has (a graph this pass ran on before has
-    names of the same pattern)."""
+class _Writer(NodeWriter):
+    """The nodes a rewrite adds (names `<base>__rows<n>`), its constants and Slices."""
 
     def __init__(self, taken: set[str]) -> None:
-        self.taken, self.nodes = taken, []
-
-    def name(self, base: str) -> str:
-        number = 1
-        while f"{base}__rows{number}" in self.taken:
-            number += 1
-        self.taken.add(f"{base}__rows{number}")
-        return f"{base}__rows{number}"
-
-    def node(self, op_type: str, inputs, base: str, outputs=None, **attributes) -> str:
-        outputs = outputs or [self.name(base)]
-        self.nodes.append(helper.make_node(op_type, list(inputs), outputs, name=self.name(base + "_node"), **attributes))
-        return outputs[0]
+        super().__init__(taken, "__rows")
 
     def constant(self, values, base: str, dtype=np.int64) -> str:
         name = self.name(base)

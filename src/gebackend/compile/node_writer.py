@@ -1,0 +1,31 @@
+"""The nodes a graph rewrite adds, named so that no tensor or node of the graph has the name already.
+
+The rewrites (compile/unused_rows.py, compile/kept_query_attention.py) write their nodes beside the ones they replace;
+each names them after what they replace with a suffix of its own and a number (a graph a rewrite ran on before holds
+names of the same pattern).
+"""
+
+from __future__ import annotations
+
+from onnx import helper
+
+
+class NodeWriter:
+    """New node and tensor names `<base><suffix><n>` not in `taken`, and the nodes written (`nodes`, in order)."""
+
+    def __init__(self, taken: set[str], suffix: str) -> None:
+        self.taken, self.suffix, self.nodes = taken, suffix, []
+
+    def name(self, base: str) -> str:
+        number = 1
+        while f"{base}{self.suffix}{number}" in self.taken:
+            number += 1
+        self.taken.add(f"{base}{self.suffix}{number}")
+        return f"{base}{self.suffix}{number}"
+
+    def node(self, op_type: str, inputs, base: str, outputs=None, **attributes) -> str:
+        """A node of `op_type` reading `inputs`, writing `outputs` (a new name after `base` where not given); its first
+        output."""
+        outputs = outputs or [self.name(base)]
+        self.nodes.append(helper.make_node(op_type, list(inputs), outputs, name=self.name(base + "_node"), **attributes))
+        return outputs[0]
