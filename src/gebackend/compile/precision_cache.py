@@ -48,8 +48,9 @@ _CHUNK = 1 << 20
 # Runtime's quantizers (compile/untie.py); 3: Constant nodes made initializers too; 4: ONNX Runtime's static int8 of
 # an attention graph quantizes only Conv/MatMul/Gemm (compile/quantize_static.py); 5: dynamic int8 weights per channel,
 # 7-bit where int8_range says so (compile/precision.py); 6: the rows of a sequence no output keeps are not computed
-# (compile/unused_rows.py) in the file quantized.
-LOWERING_VERSION = "6"
+# (compile/unused_rows.py) in the file quantized; 7: nor the keys and values of a kept query
+# (compile/kept_query_attention.py).
+LOWERING_VERSION = "7"
 
 
 @dataclass(frozen=True)

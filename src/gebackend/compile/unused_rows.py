@@ -4,8 +4,9 @@ A text or image encoder that answers with its first token (BERT's and CLIP's `[C
 `Slice` on the sequence axis) computes its last layer for every token and then keeps one: on CN_CLIP's 4-layer text
 encoder a fifth of its multiply-adds go to rows nobody reads. This pass moves such a selection up through the nodes
 that work row by row on that axis (the rules: compile/row_rules.py) as far as every reader of a tensor wants the same
-rows of it: in a transformer up to the last layer's input, whose keys and values every kept query row needs. The
-nodes in that region then compute the kept rows only; the answers are the same (the same operations on the same
+rows of it: in a transformer up to the last layer's input, whose keys and values every kept query row needs (they
+are then read through their weights instead: compile/kept_query_attention.py). The nodes in that region then
+compute the kept rows only; the answers are the same (the same operations on the same
 values; only a batched kernel's rounding may differ).
 
 A `Shape` of a tensor in the region is answered from the kept rows with the axis' full size written back, where
@@ -27,6 +28,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from gebackend.compile import live_nodes
+from gebackend.compile.kept_query_attention import kept_query_attention
 from gebackend.compile.graph_pass import GraphPass, PassContext, reason
 from gebackend.compile.node_writer import NodeWriter
 from gebackend.compile.row_rules import GraphView, Rows, attribute, outputs_follow_rows, plan
@@ -222,16 +224,17 @@ def _rewrite(model: onnx.ModelProto, region: _Region) -> onnx.ModelProto:
     return live_nodes.live(model, live_nodes.in_order(nodes))
 
 
-def _prune_once(model: onnx.ModelProto, done: set[str]) -> tuple[onnx.ModelProto, int]:
+def _prune_once(model: onnx.ModelProto, done: set[str]) -> tuple[onnx.ModelProto, int, GraphView]:
     """`model` with the first selection not in `done` (by output name) that can move up moved (a new model; its name
-    then added to `done`) and how many nodes now compute the kept rows only; (`model`, 0) when none can."""
+    then added to `done`), how many nodes now compute the kept rows only, and the view of `model`; (`model`, 0, its
+    view) when none can."""
     view = GraphView(model)
     for seeds, span in _selections_by_tensor(view, done):
         done.update(seed.output[0] for seed in seeds)  # moved once: what they read now has the kept rows only
         region = _Region(view, seeds, span)
         if region.moves():
-            return _rewrite(model, region), len(region.movable)
-    return model, 0
+            return _rewrite(model, region), len(region.movable), view
+    return model, 0, view
 
 
 def _selections_by_tensor(view: GraphView, done: set[str]) -> list[tuple[list[onnx.NodeProto], Rows]]:
@@ -256,18 +259,22 @@ def _selections_by_tensor(view: GraphView, done: set[str]) -> list[tuple[list[on
 
 def prune_unused_rows(model: onnx.ModelProto, limit: int = 16) -> tuple[onnx.ModelProto, int]:
     """`model` computing only the rows its selections keep (a new model; `model` is not changed) and how many nodes
-    now do; `model` itself and 0 when none can (no selection of a tensor computed row by row, or an opset below
-    `MIN_OPSET`). At most `limit` selections are moved. A model without a selection (`selections`) costs no shape
-    inference (ResNet-50: 1 ms against 120 for the graph's view, per static bucket and per lowering)."""
+    now do, an attention left with the kept query rows reading its keys and values through their weights
+    (compile/kept_query_attention.py: those projections' nodes counted too); `model` itself and 0 when none can (no
+    selection of a tensor computed row by row, or an opset below `MIN_OPSET`). At most `limit` selections are moved.
+    A model without a selection (`selections`) costs no shape inference (ResNet-50: 1 ms against 120 for the graph's
+    view, per static bucket and per lowering)."""
     if (default_opset(model) or 0) < MIN_OPSET or not selections(model):
         return model, 0
-    total, done = 0, set()
+    total, done, view = 0, set(), None
     for _ in range(limit):
-        model, moved = _prune_once(model, done)
+        model, moved, view = _prune_once(model, done)
         if not moved:
             break
         total += moved
-    return model, total
+        view = None  # of the model before this move
+    model, rewritten = kept_query_attention(model, view)  # the keys and values of a kept query: kept_query_attention.py
+    return model, total + rewritten
 
 
 def kept_rows_only(model: onnx.ModelProto, log: Callable[[str], None], what: str) -> onnx.ModelProto:
