@@ -1,5 +1,6 @@
 """ONNX's shape inference and checker on the light copy (compile/light.py): the same answers as on the whole model,
-the weights never serialised; a model rebuilt with its own initializers is byte-for-byte the model."""
+the weights never serialised; a model rebuilt with its own initializers is byte-for-byte the model; ONNX Runtime's
+symbolic shape inference types com.microsoft outputs, and where it stops writes no file and ONNX's answers."""
 
 from __future__ import annotations
 
@@ -90,3 +91,35 @@ def test_inference_in_place_changes_the_model_given_and_a_copy_does_not():
     copied = light.infer_shapes(model, data_prop=True)
     assert copied is not model and len(model.graph.value_info) == 0 and len(copied.graph.value_info) > 0
     assert light.infer_shapes(model, data_prop=True, in_place=True) is model and len(model.graph.value_info) > 0
+
+
+def _with_contrib_gelu() -> onnx.ModelProto:
+    f = TensorProto.FLOAT
+    nodes = [helper.make_node("Gelu", ["x"], ["g"], domain="com.microsoft"), helper.make_node("Relu", ["g"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", f, [2, 4])],
+                              [helper.make_tensor_value_info("y", f, None)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+
+
+def test_the_symbolic_inference_types_com_microsoft_outputs():
+    typed = light.typed_light_copy(_with_contrib_gelu(), data_prop=True)
+    dims = {v.name: [d.dim_value for d in v.type.tensor_type.shape.dim] for v in (*typed.graph.value_info,
+                                                                                   *typed.graph.output)}
+    assert dims["g"] == [2, 4] and dims["y"] == [2, 4]  # ONNX's inference leaves both without dims
+
+
+def test_a_symbolic_inference_that_stops_writes_nothing_and_onnx_answers(tmp_path, monkeypatch):
+    """ONNX Runtime's own `infer_shapes` saves the model into the working folder where it stops."""
+    from onnxruntime.tools import symbolic_shape_infer
+
+    def stops(self, *args, **options):
+        self.run_ = False
+        return False
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(symbolic_shape_infer.SymbolicShapeInference, "_infer_impl", stops)
+    with pytest.raises(light.IncompleteShapes):
+        light.symbolic_shapes(_with_contrib_gelu())
+    assert list(tmp_path.iterdir()) == []
+    typed = light.typed_light_copy(_with_contrib_gelu(), data_prop=True)  # ONNX's inference: Gelu's output untyped
+    assert "g" not in {v.name for v in typed.graph.value_info if v.type.tensor_type.HasField("shape")}

@@ -118,13 +118,33 @@ def check_model(model: onnx.ModelProto) -> None:
 
 def symbolic_shapes(model: onnx.ModelProto) -> onnx.ModelProto | None:
     """`model` typed by ONNX Runtime's symbolic shape inference, which knows its com.microsoft operators (ONNX's does
-    not); None where it declines the model (opset below 7). Raises what it raises."""
-    from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
+    not); None where it declines the model (opset below 7). Raises what it raises, and `IncompleteShapes` where it
+    stops before every tensor has a shape.
 
+    Its own `infer_shapes` does the same steps and, where it stops, first saves the model as
+    `sym_shape_infer_temp.onnx` (with its weights, as external data) into the working folder: the server's, or the
+    user's of `gebackend analyze`. So they are run here, writing nothing."""
+    from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference, get_opset
+
+    opset = get_opset(model)
+    if not opset or opset < 7:
+        return None
     logger = logging.getLogger(SymbolicShapeInference.__module__)
     level = logger.level
     logger.setLevel(logging.ERROR)  # its warnings are its own guesses ("Cannot determine if ... < 0"), not the user's
     try:
-        return SymbolicShapeInference.infer_shapes(model, auto_merge=True, guess_output_rank=True)
+        inference = SymbolicShapeInference(2**31 - 1, auto_merge=True, guess_output_rank=True, verbose=0)
+        inference._preprocess(model)
+        complete = False
+        while inference.run_:
+            complete = inference._infer_impl()
+        inference._update_output_from_vi()
     finally:
         logger.setLevel(level)
+    if not complete:
+        raise IncompleteShapes("ONNX Runtime's symbolic shape inference stopped before every tensor had a shape")
+    return inference.out_mp_
+
+
+class IncompleteShapes(RuntimeError):
+    """ONNX Runtime's symbolic shape inference stopped before every tensor had a shape."""
