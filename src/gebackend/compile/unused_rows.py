@@ -166,8 +166,12 @@ class _Writer(NodeWriter):
                                    self.constant([axis], base + "_axis")], base + "_rows", outputs=outputs)
 
 
-def _rewrite(model: onnx.ModelProto, region: _Region) -> onnx.ModelProto:
-    """The nodes of `region` computing the wanted rows only, their Shape readers and the selection made to read them."""
+def _rewrite(model: onnx.ModelProto, region: _Region, done: set[str]) -> onnx.ModelProto:
+    """The nodes of `region` computing the wanted rows only, their Shape readers and the selection made to read them.
+    What it writes goes into `done`: the Slices it cuts the region's inputs with are where this region stopped, and a
+    moved Gather or Slice selects rows this region already keeps, no selection to move again (CN_CLIP's image encoder
+    takes its queries from the stacked projection with a Gather: moved, it swapped places with the Slice it reads
+    15 times over, one node a time, before the limit)."""
     view = region.view
     taken = {out for node in model.graph.node for out in node.output} | {v.name for v in model.graph.input} \
         | {init.name for init in model.graph.initializer} | {node.name for node in model.graph.node}
@@ -220,6 +224,7 @@ def _rewrite(model: onnx.ModelProto, region: _Region) -> onnx.ModelProto:
             writer.slice(kept, rows.start - span.start, rows.stop - span.start, rows.axis, seed.output[0],
                          outputs=list(seed.output))
         replaced.add(id(seed))
+    done.update(out for node in writer.nodes for out in node.output)
     nodes = [node for node in model.graph.node if id(node) not in replaced] + writer.nodes
     return live_nodes.live(model, live_nodes.in_order(nodes))
 
@@ -233,7 +238,7 @@ def _prune_once(model: onnx.ModelProto, done: set[str]) -> tuple[onnx.ModelProto
         done.update(seed.output[0] for seed in seeds)  # moved once: what they read now has the kept rows only
         region = _Region(view, seeds, span)
         if region.moves():
-            return _rewrite(model, region), len(region.movable), view
+            return _rewrite(model, region, done), len(region.movable), view
     return model, 0, view
 
 
