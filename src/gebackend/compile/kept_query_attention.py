@@ -28,6 +28,7 @@ from onnx import helper, numpy_helper
 from gebackend.compile import live_nodes
 from gebackend.compile.node_writer import NodeWriter
 from gebackend.compile.row_rules import GraphView
+from gebackend.compile.runtime_shapes import DEFAULT_DOMAINS
 from gebackend.compile.upgrade import default_opset
 
 MIN_OPSET = 13  # Unsqueeze's and ReduceSum's axes as inputs
@@ -63,7 +64,8 @@ def _only_reader(view: GraphView, name: str) -> bool:
 
 def _stored(view: GraphView, name: str) -> np.ndarray | None:
     """The stored value of `name`, through the `Identity`s an exporter reads a weight used twice through."""
-    while (maker := view.maker.get(name)) is not None and maker.op_type == "Identity" and maker.domain in ("", "ai.onnx"):
+    while (maker := view.maker.get(name)) is not None and maker.op_type == "Identity" \
+            and maker.domain in DEFAULT_DOMAINS:
         name = maker.input[0]
     return view.constant(name)
 
@@ -78,7 +80,7 @@ def _projection(view: GraphView, name: str) -> _Projection | None:
     perm, scale, chain = (0, 1, 2, 3), 1.0, []
     while True:
         node = view.maker.get(name)
-        if node is None or node.domain not in ("", "ai.onnx") or not _only_reader(view, name):
+        if node is None or node.domain not in DEFAULT_DOMAINS or not _only_reader(view, name):
             return None
         chain.append(node)
         if node.op_type == "Transpose":
@@ -107,7 +109,7 @@ def _projection(view: GraphView, name: str) -> _Projection | None:
         return None
     name, bias = node.input[0], None
     maker = view.maker.get(name)
-    if maker is not None and maker.op_type == "Add" and maker.domain in ("", "ai.onnx") and _only_reader(view, name):
+    if maker is not None and maker.op_type == "Add" and maker.domain in DEFAULT_DOMAINS and _only_reader(view, name):
         for position in (0, 1):
             stored = _stored(view, maker.input[position])
             if stored is not None and stored.shape == (joined[2],):
@@ -117,7 +119,7 @@ def _projection(view: GraphView, name: str) -> _Projection | None:
         else:
             return None
     matmul = view.maker.get(name)
-    if matmul is None or matmul.op_type != "MatMul" or matmul.domain not in ("", "ai.onnx") \
+    if matmul is None or matmul.op_type != "MatMul" or matmul.domain not in DEFAULT_DOMAINS \
             or not _only_reader(view, name):
         return None
     weight, x_dims = _stored(view, matmul.input[1]), view.dims.get(matmul.input[0])
@@ -141,8 +143,8 @@ def _pays(view: GraphView, rows_operand: str, projection: _Projection) -> bool:
 class _Writer(NodeWriter):
     """The new nodes (names `<base>__kq<n>`) and weights, named after the node they replace."""
 
-    def __init__(self, taken: set[str]) -> None:
-        super().__init__(taken, "__kq")
+    def __init__(self, model: onnx.ModelProto) -> None:
+        super().__init__(model, "__kq")
         self.weights: list[onnx.TensorProto] = []
         self.layouts: dict[str, str] = {}
 
@@ -207,16 +209,14 @@ def kept_query_attention(model: onnx.ModelProto, view: GraphView | None = None) 
     view = view or GraphView(model)
     found = []
     for node in model.graph.node:
-        if node.op_type != "MatMul" or node.domain not in ("", "ai.onnx") or len(node.input) != 2:
+        if node.op_type != "MatMul" or node.domain not in DEFAULT_DOMAINS or len(node.input) != 2:
             continue
         projection = _projection(view, node.input[1])
         if projection is not None and projection.perm in (_KEYS, _VALUES) and _pays(view, node.input[0], projection):
             found.append((node, projection))
     if not found:
         return model, 0
-    taken = {out for node in model.graph.node for out in node.output} | {v.name for v in model.graph.input} \
-        | {init.name for init in model.graph.initializer} | {node.name for node in model.graph.node}
-    writer = _Writer(taken)
+    writer = _Writer(model)
     replaced = set()
     for node, projection in found:
         (_keys if projection.perm == _KEYS else _values)(writer, node, projection)

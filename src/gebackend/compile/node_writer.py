@@ -7,14 +7,19 @@ names of the same pattern).
 
 from __future__ import annotations
 
+import onnx
 from onnx import helper
 
 
 class NodeWriter:
-    """New node and tensor names `<base><suffix><n>` not in `taken`, and the nodes written (`nodes`, in order)."""
+    """New node and tensor names `<base><suffix><n>` that no tensor or node of `model` has (nor one written before),
+    and the nodes written (`nodes`, in order)."""
 
-    def __init__(self, taken: set[str], suffix: str) -> None:
-        self.taken, self.suffix, self.nodes = taken, suffix, []
+    def __init__(self, model: onnx.ModelProto, suffix: str) -> None:
+        graph = model.graph
+        self.taken = {out for node in graph.node for out in node.output} | {v.name for v in graph.input} \
+            | {init.name for init in graph.initializer} | {node.name for node in graph.node}
+        self.suffix, self.nodes = suffix, []
 
     def name(self, base: str) -> str:
         number = 1

@@ -150,8 +150,8 @@ class _Region:
 class _Writer(NodeWriter):
     """The nodes a rewrite adds (names `<base>__rows<n>`), its constants and Slices."""
 
-    def __init__(self, taken: set[str]) -> None:
-        super().__init__(taken, "__rows")
+    def __init__(self, model: onnx.ModelProto) -> None:
+        super().__init__(model, "__rows")
 
     def constant(self, values, base: str, dtype=np.int64) -> str:
         name = self.name(base)
@@ -173,9 +173,7 @@ def _rewrite(model: onnx.ModelProto, region: _Region, done: set[str]) -> onnx.Mo
     takes its queries from the stacked projection with a Gather: moved, it swapped places with the Slice it reads
     15 times over, one node a time, before the limit)."""
     view = region.view
-    taken = {out for node in model.graph.node for out in node.output} | {v.name for v in model.graph.input} \
-        | {init.name for init in model.graph.initializer} | {node.name for node in model.graph.node}
-    writer = _Writer(taken)
+    writer = _Writer(model)
     renamed: dict[str, str] = {}
 
     def take(source: str, need: Rows) -> str:
