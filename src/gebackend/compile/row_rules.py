@@ -7,6 +7,8 @@ and what of the node changes with them (a Reshape's target); or None when the no
 axis, or a dim the rule needs is unknown. ai.onnx ops have rules, and the com.microsoft ops ONNX Runtime's transformer
 optimizer writes row by row (`SkipLayerNormalization`, `BiasGelu`, ... : `optimum-cli export onnx --optimize`'s files);
 a graph with com.microsoft ops gets its dims from ONNX Runtime's symbolic shape inference, which knows them.
+An int8 file's ops pass rows too: (De)QuantizeLinear, MatMulInteger, and DynamicQuantizeLinear, whose scale and zero
+point (`recomputed_outputs`) then describe the kept rows, not the whole input.
 """
 
 from __future__ import annotations
@@ -39,6 +41,10 @@ _BROADCAST = frozenset({
 _CONTRIB_ROWWISE = frozenset({"BiasGelu", "FastGelu", "Gelu", "QuickGelu"})
 _CONTRIB_SKIP_NORMS = frozenset({"SkipLayerNormalization", "SkipSimplifiedLayerNormalization"})
 _ROWS_IN_EVERY_OUTPUT = _CONTRIB_SKIP_NORMS | {"LayerNormalization", "Dropout"}
+# outputs that describe a node's whole input, not its rows: DynamicQuantizeLinear's scale and zero point. Where its
+# rows are cut they are computed from the kept rows, whose own range quantizes them at least as finely (the step
+# `range / 255` can only shrink): the answer moves by less than the int8 model's own rounding, towards fp32
+_STATISTICS = {"DynamicQuantizeLinear": (1, 2)}
 _REDUCE = frozenset({
     "ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2", "ReduceLogSum",
     "ReduceLogSumExp", "ReduceSumSquare",
@@ -173,6 +179,12 @@ def plan(graph: GraphView, node: onnx.NodeProto, rows: Rows) -> tuple[Plan, dict
         return ([rows, *keep[1:]], {}) if rows.axis < axis else None
     if op in _REDUCE:
         return _plan_reduce(graph, node, rows)
+    if op == "DynamicQuantizeLinear":
+        return [rows], {}
+    if op in ("QuantizeLinear", "DequantizeLinear"):
+        return _plan_linear_quantization(graph, node, rows, rank)
+    if op == "MatMulInteger":
+        return _plan_matmul_integer(graph, node, rows, rank)
     if op == "Transpose":
         perm = attribute(node, "perm", list(range(rank))[::-1])
         return [Rows(perm[rows.axis], rows.start, rows.stop)], {}
@@ -220,6 +232,45 @@ def outputs_follow_rows(node: onnx.NodeProto) -> bool:
     """Whether every output of `node` holds, on the axes its rule passes, the rows its first output holds: a norm's
     mean and inverse deviation (one per row) and the sum a Skip* norm also answers, Dropout's mask."""
     return node.op_type in _ROWS_IN_EVERY_OUTPUT and node.domain in ("", "ai.onnx", "com.microsoft")
+
+
+def recomputed_outputs(node: onnx.NodeProto) -> tuple[str, ...]:
+    """The outputs of `node` that describe its whole input (DynamicQuantizeLinear's scale and zero point): where the
+    node computes the kept rows only, they describe those rows, and every reader of them reads the new values."""
+    if node.domain not in ("", "ai.onnx"):
+        return ()
+    return tuple(node.output[i] for i in _STATISTICS.get(node.op_type, ()) if i < len(node.output) and node.output[i])
+
+
+def _per_tensor(graph: GraphView, name: str) -> bool:
+    dims = graph.dims.get(name)
+    return dims is not None and all(isinstance(d, int) for d in dims) and math.prod(dims) == 1
+
+
+def _plan_linear_quantization(graph: GraphView, node: onnx.NodeProto, rows: Rows, rank: int) -> tuple[Plan, dict] | None:
+    """(De)QuantizeLinear works element by element with a scale per tensor, or per slice of `axis`: rows of another
+    axis pass; blocked scales (opset 21's `block_size`) do not."""
+    if attribute(node, "block_size", 0) or len(node.input) < 2:
+        return None
+    keep = [None] * (len(node.input) - 1)
+    if _per_tensor(graph, node.input[1]):
+        return [rows, *keep], {}
+    return ([rows, *keep], {}) if rows.axis != attribute(node, "axis", 1) % rank else None
+
+
+def _plan_matmul_integer(graph: GraphView, node: onnx.NodeProto, rows: Rows, rank: int) -> tuple[Plan, dict] | None:
+    """MatMulInteger as MatMul, for the rows of its first operand or a broadcast axis, where that operand's zero point
+    is one for the tensor (a zero point per row would have to be cut too)."""
+    a_dims, b_dims = graph.dims.get(node.input[0]), graph.dims.get(node.input[1])
+    if a_dims is None or b_dims is None or len(a_dims) < 2 or len(b_dims) < 2 or rows.axis >= rank - 1:
+        return None
+    if len(node.input) > 2 and node.input[2] and not _per_tensor(graph, node.input[2]):
+        return None
+    zero_points = [None] * (len(node.input) - 2)
+    if rows.axis == rank - 2:
+        return [Rows(len(a_dims) - 2, rows.start, rows.stop), None, *zero_points], {}
+    parts = [_broadcast_input(graph, name, rows, rank, graph.dims[node.output[0]][rows.axis]) for name in node.input[:2]]
+    return None if False in parts else ([*parts, *zero_points], {})
 
 
 def _plan_contrib(graph: GraphView, node: onnx.NodeProto, rows: Rows, rank: int, out_dim: Dim) -> tuple[Plan, dict] | None:

@@ -31,7 +31,7 @@ from gebackend.compile import live_nodes
 from gebackend.compile.kept_query_attention import kept_query_attention
 from gebackend.compile.graph_pass import GraphPass, PassContext, reason
 from gebackend.compile.node_writer import NodeWriter
-from gebackend.compile.row_rules import GraphView, Rows, attribute, outputs_follow_rows, plan
+from gebackend.compile.row_rules import GraphView, Rows, attribute, outputs_follow_rows, plan, recomputed_outputs
 from gebackend.compile.upgrade import default_opset
 
 METADATA_KEY = "gebackend.unused_rows"  # on a compiled graph: "<nodes moved> <nodes added>" (`pass_record`)
@@ -101,8 +101,10 @@ class _Region:
             if node is None or name in view.outputs or name in view.body_reads:
                 continue
             others = [out for out in node.output[1:] if out and (out in view.readers or out in view.outputs)]
-            if others and not (outputs_follow_rows(node) and not any(out in view.outputs for out in others)):
-                continue  # another output is read, and it does not come row for row with the first
+            statistics = recomputed_outputs(node)
+            if name in statistics or any(out in view.outputs for out in others) or not all(
+                    outputs_follow_rows(node) or out in statistics for out in others):
+                continue  # another output is read, and it neither comes row for row with the first nor describes it
             if node.output[0] != name:
                 stack.append((node.output[0], part))  # a second output moves with the first, for the same rows
                 continue
@@ -122,8 +124,11 @@ class _Region:
             self.movable -= dropped
 
     def outputs(self, name: str) -> list[str]:
-        """The outputs of the node making `name` (its first output) that are read: they move together."""
-        return [name] + [out for out in self.view.maker[name].output[1:] if out in self.view.readers]
+        """The outputs of the node making `name` (its first output) that are read and hold rows: they move together
+        (a DynamicQuantizeLinear's scale and zero point move too, keeping their names: `_rewrite`)."""
+        node = self.view.maker[name]
+        statistics = recomputed_outputs(node)
+        return [name] + [out for out in node.output[1:] if out in self.view.readers and out not in statistics]
 
     def moved(self, name: str) -> bool:
         """Whether tensor `name`, a node's first output or another, is computed for its wanted rows only."""
@@ -196,7 +201,10 @@ def _rewrite(model: onnx.ModelProto, region: _Region, done: set[str]) -> onnx.Mo
         moved.input.extend(inputs)
         for out in region.outputs(name):
             renamed[out] = writer.name(out)
-        moved.output.extend(renamed.get(out, "") for out in node.output)
+        statistics = recomputed_outputs(node)  # its readers, in the region or not, read them as the moved node's
+        moved.output.extend(renamed.get(out, out if out in statistics else "") for out in node.output)
+        if statistics:
+            replaced.add(id(node))
         while moved.output and not moved.output[-1]:
             moved.output.pop()  # the outputs nobody reads, left off at the end
         moved.name = writer.name((node.name or name) + "_kept")
