@@ -1,12 +1,6 @@
 """compile/unused_rows.py on int8 graphs: the rows pass moves a selection through the ops ONNX Runtime's quantizers
-write (DynamicQuantizeLinear, MatMulInteger, QuantizeLinear, DequantizeLinear).
-
-An int8 model is lowered from the file, before the static graph passes run; on a file whose attention reshapes read
-their targets from `Shape`s (torch's `nn.MultiheadAttention`, sequence first, as CN_CLIP's image encoder) the rows
-pass stops before the last layer's attention there, and in the static graph of the int8 file the selection used to
-stop at the first MatMulInteger: the last layer's attention and output projection ran for every token. Exported by
-torch and quantized by ONNX Runtime's `quantize_dynamic` (through `lower_precision`); small graphs for what must stop
-the selection.
+write (DynamicQuantizeLinear, MatMulInteger, QuantizeLinear, DequantizeLinear): small graphs for what moves and what
+must stop the selection (a torch export quantized by ONNX Runtime: tests/unit/test_sequence_first_attention.py).
 """
 
 from __future__ import annotations
@@ -17,7 +11,6 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from gebackend.compile import passes
 from gebackend.compile.row_rules import GraphView
 from gebackend.compile.unused_rows import prune_unused_rows
 
@@ -31,63 +24,6 @@ def _run(model: onnx.ModelProto, feeds: dict) -> list[np.ndarray]:
 def _dims(model: onnx.ModelProto, op_type: str) -> list[tuple]:
     view = GraphView(model)
     return [view.dims.get(node.output[0]) for node in model.graph.node if node.op_type == op_type]
-
-
-def _cosine(a: np.ndarray, b: np.ndarray) -> float:
-    a, b = a.ravel().astype(np.float64), b.ravel().astype(np.float64)
-    return float(a @ b / np.linalg.norm(a) / np.linalg.norm(b))
-
-
-@pytest.fixture(scope="module")
-def encoder(tmp_path_factory):
-    """Two pre-norm blocks of torch's nn.MultiheadAttention, sequence first, answering with the first token; the file
-    and its int8 lowering (ONNX Runtime's dynamic quantization, as precision_mode=int8 lowers it)."""
-    torch = pytest.importorskip("torch")
-    from gebackend.compile.precision import lower_precision
-
-    class Block(torch.nn.Module):
-        def __init__(self, width: int = 32, heads: int = 4) -> None:
-            super().__init__()
-            self.norm, self.attn = torch.nn.LayerNorm(width), torch.nn.MultiheadAttention(width, heads)
-            self.mlp = torch.nn.Sequential(torch.nn.Linear(width, 2 * width), torch.nn.GELU(),
-                                           torch.nn.Linear(2 * width, width))
-
-        def forward(self, x):
-            h = self.norm(x)
-            x = x + self.attn(h, h, h, need_weights=False)[0]
-            return x + self.mlp(x)
-
-    class Encoder(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.blocks = torch.nn.Sequential(Block(), Block())
-
-        def forward(self, x):  # [batch, tokens, width] -> the first token, through a sequence-first stack
-            return self.blocks(x.permute(1, 0, 2))[0]
-
-    torch.manual_seed(0)
-    folder = tmp_path_factory.mktemp("mha")
-    path = folder / "model.onnx"
-    with torch.no_grad():
-        torch.onnx.export(Encoder().eval(), (torch.randn(2, 10, 32),), str(path), input_names=["x"], output_names=["y"],
-                          dynamic_axes={"x": {0: "batch"}}, opset_version=14, dynamo=False)
-    lowered = lower_precision(path, "int8", folder / "lowered")
-    return onnx.load(str(path)), onnx.load(str(lowered))
-
-
-def test_int8_static_graph_runs_the_last_attention_for_the_kept_token_only(encoder):
-    fp32, int8 = encoder
-    static = passes.compile_graph(int8, {"x": [1, 10, 32]}, 1 << 20, lambda name, why: pytest.fail(f"{name}: {why}"))
-    assert _dims(static, "Softmax") == [(1, 4, 10, 10), (1, 4, 1, 10)]  # the last layer's scores: one query row
-    # the last layer's output projection and MLP quantize and multiply the kept token only
-    assert _dims(static, "MatMulInteger")[-3:] == [(1, 32), (1, 1, 64), (1, 1, 32)]
-    assert _dims(static, "DynamicQuantizeLinear")[-3:] == [(1, 32), (1, 1, 32), (1, 1, 64)]
-    feeds = {"x": np.random.default_rng(0).standard_normal((1, 10, 32)).astype(np.float32)}
-    want, lowered, got = _run(fp32, feeds)[0], _run(int8, feeds)[0], _run(static, feeds)[0]
-    # the kept token quantized with its own range: as close to fp32 as the int8 file, and close to it
-    assert _cosine(got, want) >= _cosine(lowered, want) - 1e-3
-    assert _cosine(got, lowered) > 0.999
-    np.testing.assert_allclose(got, lowered, atol=0.05 * float(np.abs(want).max()))
 
 
 def _quantized_rows(scale_is_output: bool = False, zero_point_per_row: bool = False, tokens: int = 6) -> onnx.ModelProto:
