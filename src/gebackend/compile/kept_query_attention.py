@@ -15,8 +15,10 @@ ran 2-3.5 % faster, fp32 too.
 The pattern: a `MatMul(q, K')` whose first operand has few rows (`r·(d + S) < S·d`) and whose second is `X Wk (+ bk)`
 split into heads by a `Reshape` of its last axis `[B, S, H] -> [B, S, heads, d]`, laid out by `Transpose`s as
 `[B, heads, d, S]` (keys) or `[B, heads, S, d]` (values), maybe times a constant scalar; every tensor on that chain
-read by the next step only, the weights stored in the graph. Other layouts (a projection of queries, keys and values
-in one weight, as CLIP's image encoder has; sequence-first layouts) are left as they are.
+read by the next step only, the weights stored in the graph. In a static graph, other layouts are traced element by
+element (compile/traced_projection.py): a projection of queries, keys and values in one weight, sequence first, as
+torch's `nn.MultiheadAttention` (CLIP's image encoder) writes it, and ONNX Runtime's dynamic int8 of such a projection
+(its weight read back as float). The rows pass then moves the queries' kept rows up through that projection too.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from gebackend.compile import live_nodes
 from gebackend.compile.node_writer import NodeWriter
 from gebackend.compile.row_rules import GraphView
 from gebackend.compile.runtime_shapes import DEFAULT_DOMAINS
+from gebackend.compile.traced_projection import trace
 from gebackend.compile.upgrade import default_opset
 
 MIN_OPSET = 13  # Unsqueeze's and ReduceSum's axes as inputs
@@ -40,9 +43,10 @@ class _Projection:
     """`X W (+ b)` times `scale`, split into `heads` of `d` and laid out by `perm`; `chain`: the nodes that make it."""
 
     def __init__(self, x: str, weight: np.ndarray, bias: np.ndarray | None, scale: float, perm: tuple[int, ...],
-                 heads: int, d: int, chain: list[onnx.NodeProto]) -> None:
+                 heads: int, d: int, chain: list[onnx.NodeProto], sequence_first: bool = False) -> None:
         self.x, self.weight, self.bias, self.scale, self.perm = x, weight, bias, scale, perm
-        self.heads, self.d, self.chain = heads, d, chain
+        self.heads, self.d, self.chain, self.sequence_first = heads, d, chain, sequence_first
+        self.token_axis = 0 if sequence_first else 1  # of X: [B, S, H], or [S, B, H] sequence first
 
     def per_head(self, order: tuple[int, int, int]) -> np.ndarray:
         """The weight as [H_in, heads, d] transposed by `order`, times the scale, in its own dtype."""
@@ -130,9 +134,19 @@ def _projection(view: GraphView, name: str) -> _Projection | None:
     return _Projection(matmul.input[0], weight, bias, scale, perm, split[2], split[3], chain)
 
 
+def _traced(view: GraphView, node: onnx.NodeProto) -> _Projection | None:
+    """The projection compile/traced_projection.py finds behind `node`'s second operand, as `_projection` answers."""
+    found = trace(view, node)
+    if found is None:
+        return None
+    traced, scale = found
+    return _Projection(traced.x, traced.weight, traced.bias, scale, _KEYS if traced.kind == "keys" else _VALUES,
+                       traced.heads, traced.d, traced.chain, traced.sequence_first)
+
+
 def _pays(view: GraphView, rows_operand: str, projection: _Projection) -> bool:
     """Whether the rewrite multiplies less: `r` kept rows against the projection of `S` tokens."""
-    dims, tokens = view.dims.get(rows_operand), view.dims[projection.x][1]
+    dims, tokens = view.dims.get(rows_operand), view.dims[projection.x][projection.token_axis]
     if dims is None or len(dims) != 4 or not isinstance(dims[2], int) or dims[1] != projection.heads:
         return False
     if not isinstance(tokens, int):  # a sequence of any length: one row pays from two tokens on
@@ -146,7 +160,7 @@ class _Writer(NodeWriter):
     def __init__(self, model: onnx.ModelProto) -> None:
         super().__init__(model, "__kq")
         self.weights: list[onnx.TensorProto] = []
-        self.layouts: dict[str, str] = {}
+        self.layouts: dict[tuple[str, bool], str] = {}
 
     def weight(self, values: np.ndarray, base: str) -> str:
         name = self.name(base)
@@ -157,11 +171,13 @@ class _Writer(NodeWriter):
         """Unsqueeze / ReduceSum over `axes` (an input from opset 13)."""
         return self.node(op_type, [source, self.weight(np.array(axes, np.int64), base + "_axes")], base, **attributes)
 
-    def x_as(self, x: str) -> str:
-        """`X` [B, S, H] as [B, 1, S, H], written once per tensor."""
-        if x not in self.layouts:
-            self.layouts[x] = self.axes_op("Unsqueeze", x, [1], x + "_heads")
-        return self.layouts[x]
+    def x_as(self, projection: _Projection) -> str:
+        """The projection's `X` [B, S, H] (or [S, B, H]) as [B, 1, S, H], written once per tensor."""
+        x = projection.x
+        if (x, projection.sequence_first) not in self.layouts:
+            source = self.node("Transpose", [x], x + "_batch_first", perm=[1, 0, 2]) if projection.sequence_first else x
+            self.layouts[x, projection.sequence_first] = self.axes_op("Unsqueeze", source, [1], x + "_heads")
+        return self.layouts[x, projection.sequence_first]
 
 
 def _keys(writer: _Writer, node: onnx.NodeProto, projection: _Projection) -> None:
@@ -171,7 +187,7 @@ def _keys(writer: _Writer, node: onnx.NodeProto, projection: _Projection) -> Non
     base = node.name or node.output[0]
     query = writer.node("Transpose", [node.input[0]], base + "_qt", perm=[0, 1, 3, 2])  # [B, heads, d, r]
     through = writer.node("MatMul", [writer.weight(projection.per_head((1, 0, 2)), base + "_wk"), query], base + "_wq")
-    scores = writer.node("MatMul", [writer.x_as(projection.x), through], base + "_xwq")  # [B, heads, S, r]
+    scores = writer.node("MatMul", [writer.x_as(projection), through], base + "_xwq")  # [B, heads, S, r]
     bias = projection.bias_per_head((projection.heads, 1, projection.d))
     if bias is not None:
         offset = writer.node("MatMul", [writer.weight(bias, base + "_bk"), query], base + "_bq")  # [B, heads, 1, r]
@@ -182,7 +198,7 @@ def _keys(writer: _Writer, node: onnx.NodeProto, projection: _Projection) -> Non
 def _values(writer: _Writer, node: onnx.NodeProto, projection: _Projection) -> None:
     """context = (W3 (p X)ᵀ)ᵀ (+ Σp b3): W3 [heads, d, H_in], b3 [heads, 1, d]; the weights first, as for the keys."""
     weights, base = node.input[0], node.name or node.output[0]
-    mixed = writer.node("MatMul", [weights, writer.x_as(projection.x)], base + "_px")  # [B, heads, r, H_in]
+    mixed = writer.node("MatMul", [weights, writer.x_as(projection)], base + "_px")  # [B, heads, r, H_in]
     mixed = writer.node("Transpose", [mixed], base + "_pxt", perm=[0, 1, 3, 2])
     context = writer.node("MatMul", [writer.weight(projection.per_head((1, 2, 0)), base + "_wv"), mixed], base + "_wpx")
     bias = projection.bias_per_head((projection.heads, 1, projection.d))
@@ -211,7 +227,7 @@ def kept_query_attention(model: onnx.ModelProto, view: GraphView | None = None) 
     for node in model.graph.node:
         if node.op_type != "MatMul" or node.domain not in DEFAULT_DOMAINS or len(node.input) != 2:
             continue
-        projection = _projection(view, node.input[1])
+        projection = _projection(view, node.input[1]) or _traced(view, node)
         if projection is not None and projection.perm in (_KEYS, _VALUES) and _pays(view, node.input[0], projection):
             found.append((node, projection))
     if not found:

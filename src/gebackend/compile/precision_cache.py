@@ -49,8 +49,9 @@ _CHUNK = 1 << 20
 # an attention graph quantizes only Conv/MatMul/Gemm (compile/quantize_static.py); 5: dynamic int8 weights per channel,
 # 7-bit where int8_range says so (compile/precision.py); 6: the rows of a sequence no output keeps are not computed
 # (compile/unused_rows.py) in the file quantized; 7: nor the keys and values of a kept query
-# (compile/kept_query_attention.py).
-LOWERING_VERSION = "7"
+# (compile/kept_query_attention.py); 8: in a file of fixed dims, nor those of a projection in one weight, sequence
+# first (compile/traced_projection.py).
+LOWERING_VERSION = "8"
 
 
 @dataclass(frozen=True)

@@ -277,6 +277,16 @@ def prune_unused_rows(model: onnx.ModelProto, limit: int = 16) -> tuple[onnx.Mod
     view, per static bucket and per lowering)."""
     if (default_opset(model) or 0) < MIN_OPSET or not selections(model):
         return model, 0
+    model, total, view = _prune(model, limit)
+    model, rewritten = kept_query_attention(model, view)  # the keys and values of a kept query: kept_query_attention.py
+    if rewritten:  # a projection of queries, keys and values in one weight now has the queries' kept rows as readers
+        model, more, _ = _prune(model, limit)
+        total += more
+    return model, total + rewritten
+
+
+def _prune(model: onnx.ModelProto, limit: int) -> tuple[onnx.ModelProto, int, GraphView | None]:
+    """Up to `limit` selections moved: the model, how many nodes moved, and the view of the model where it is current."""
     total, done, view = 0, set(), None
     for _ in range(limit):
         model, moved, view = _prune_once(model, done)
@@ -284,8 +294,7 @@ def prune_unused_rows(model: onnx.ModelProto, limit: int = 16) -> tuple[onnx.Mod
             break
         total += moved
         view = None  # of the model before this move
-    model, rewritten = kept_query_attention(model, view)  # the keys and values of a kept query: kept_query_attention.py
-    return model, total + rewritten
+    return model, total, view
 
 
 def kept_rows_only(model: onnx.ModelProto, log: Callable[[str], None], what: str) -> onnx.ModelProto:
