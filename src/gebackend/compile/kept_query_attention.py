@@ -66,16 +66,8 @@ def _only_reader(view: GraphView, name: str) -> bool:
     return len(readers) == 1 and name not in view.outputs and name not in view.body_reads
 
 
-def _stored(view: GraphView, name: str) -> np.ndarray | None:
-    """The stored value of `name`, through the `Identity`s an exporter reads a weight used twice through."""
-    while (maker := view.maker.get(name)) is not None and maker.op_type == "Identity" \
-            and maker.domain in DEFAULT_DOMAINS:
-        name = maker.input[0]
-    return view.constant(name)
-
-
 def _scalar(view: GraphView, name: str) -> float | None:
-    value = _stored(view, name)
+    value = view.stored(name)
     return float(value.reshape(-1)[0]) if value is not None and value.size == 1 and value.dtype.kind == "f" else None
 
 
@@ -115,7 +107,7 @@ def _projection(view: GraphView, name: str) -> _Projection | None:
     maker = view.maker.get(name)
     if maker is not None and maker.op_type == "Add" and maker.domain in DEFAULT_DOMAINS and _only_reader(view, name):
         for position in (0, 1):
-            stored = _stored(view, maker.input[position])
+            stored = view.stored(maker.input[position])
             if stored is not None and stored.shape == (joined[2],):
                 bias, name = stored, maker.input[1 - position]
                 chain.append(maker)
@@ -126,7 +118,7 @@ def _projection(view: GraphView, name: str) -> _Projection | None:
     if matmul is None or matmul.op_type != "MatMul" or matmul.domain not in DEFAULT_DOMAINS \
             or not _only_reader(view, name):
         return None
-    weight, x_dims = _stored(view, matmul.input[1]), view.dims.get(matmul.input[0])
+    weight, x_dims = view.stored(matmul.input[1]), view.dims.get(matmul.input[0])
     if weight is None or weight.ndim != 2 or weight.dtype.kind != "f" or x_dims is None or len(x_dims) != 3 \
             or tuple(x_dims[:2]) != tuple(split[:2]) or weight.shape[1] != joined[2]:
         return None

@@ -97,6 +97,13 @@ class GraphView:
             return None
         return numpy_helper.to_array(tensor)
 
+    def stored(self, name: str) -> np.ndarray | None:
+        """The stored value of `name`, through the `Identity`s an exporter reads a weight used twice through."""
+        while (maker := self.maker.get(name)) is not None and maker.op_type == "Identity" \
+                and maker.domain in ("", "ai.onnx"):
+            name = maker.input[0]
+        return self.constant(name)
+
     def ints(self, node: onnx.NodeProto, attribute: str, input_index: int) -> list[int] | None:
         """An int-list operand given as an attribute (older opsets) or a constant input (newer ones)."""
         for attr in node.attribute:

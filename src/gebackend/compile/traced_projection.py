@@ -46,13 +46,6 @@ def _fixed(view: GraphView, name: str) -> tuple[int, ...] | None:
     return tuple(dims) if dims is not None and all(isinstance(d, int) and d > 0 for d in dims) else None
 
 
-def _stored(view: GraphView, name: str) -> np.ndarray | None:
-    while (maker := view.maker.get(name)) is not None and maker.op_type == "Identity" \
-            and maker.domain in DEFAULT_DOMAINS:
-        name = maker.input[0]
-    return view.constant(name)
-
-
 def _moved(view: GraphView, node: onnx.NodeProto, index: np.ndarray) -> np.ndarray | None:
     """`index` through one data-movement node, checked against the node's inferred output dims; None if it cannot."""
     out = _fixed(view, node.output[0])
@@ -63,7 +56,7 @@ def _moved(view: GraphView, node: onnx.NodeProto, index: np.ndarray) -> np.ndarr
     elif node.op_type == "Transpose":
         moved = index.transpose(attribute(node, "perm", list(range(index.ndim))[::-1]))
     elif node.op_type == "Gather":
-        indices = _stored(view, node.input[1])
+        indices = view.stored(node.input[1])
         moved = None if indices is None else np.take(index, indices.astype(np.int64), axis=attribute(node, "axis", 0))
     else:  # Slice
         starts, ends = view.ints(node, "starts", 1), view.ints(node, "ends", 2)
@@ -84,7 +77,7 @@ def _linear(view: GraphView, name: str) -> tuple[str, np.ndarray, np.ndarray | N
     maker = view.maker.get(name)
     if maker is not None and maker.op_type == "Add" and maker.domain in DEFAULT_DOMAINS:
         for position in (0, 1):
-            stored = _stored(view, maker.input[position])
+            stored = view.stored(maker.input[position])
             if stored is not None and stored.ndim == 1:
                 bias, name = stored, maker.input[1 - position]
                 nodes.append(maker)
@@ -93,7 +86,7 @@ def _linear(view: GraphView, name: str) -> tuple[str, np.ndarray, np.ndarray | N
     if maker is None or maker.domain not in DEFAULT_DOMAINS:
         return None
     if maker.op_type == "MatMul":
-        weight = _stored(view, maker.input[1])
+        weight = view.stored(maker.input[1])
         found = (maker.input[0], weight) if weight is not None and weight.ndim == 2 and weight.dtype.kind == "f" else None
     elif maker.op_type == "Mul":
         found = _dequantized(view, maker)
@@ -119,9 +112,9 @@ def _dequantized(view: GraphView, scaled: onnx.NodeProto) -> tuple[str, np.ndarr
             continue
         if quantize.output[1] not in scales.input:
             continue
-        weight = _stored(view, product.input[1])
-        weight_scale = _stored(view, scales.input[1 - list(scales.input).index(quantize.output[1])])
-        zero = _stored(view, product.input[3]) if len(product.input) > 3 and product.input[3] else np.zeros(1)
+        weight = view.stored(product.input[1])
+        weight_scale = view.stored(scales.input[1 - list(scales.input).index(quantize.output[1])])
+        zero = view.stored(product.input[3]) if len(product.input) > 3 and product.input[3] else np.zeros(1)
         if weight is None or weight.ndim != 2 or weight_scale is None or zero is None \
                 or weight_scale.size not in (1, weight.shape[1]) or zero.size not in (1, weight.shape[1]):
             continue
@@ -151,7 +144,7 @@ def trace(view: GraphView, attention: onnx.NodeProto) -> tuple[Traced, float] | 
         if maker.op_type in _MOVES:
             moves.append(maker)
         elif maker.op_type in ("Mul", "Div") and len(maker.input) == 2 and maker.input[1] and \
-                (factor := _stored(view, maker.input[1])) is not None and factor.size == 1:
+                (factor := view.stored(maker.input[1])) is not None and factor.size == 1:
             scale = scale * float(factor.reshape(-1)[0]) if maker.op_type == "Mul" else scale / float(factor.reshape(-1)[0])
         else:
             break
