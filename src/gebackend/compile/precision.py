@@ -217,6 +217,8 @@ def _int8(path: Path, out: Path, op_types: tuple[str, ...], log: Callable[[str],
 
     reduced = int8_range() == "reduced"
     with quantizer_source(path, out.parent, log) as source, _quiet():
+        if "MatMul" in op_types and isinstance(source, onnx.ModelProto):
+            source = _patches_as_matmul(source, log)
         candidates = _count(source_graph(source, path), op_types, weighted=True)
         quantize_dynamic(
             source, str(out), op_types_to_quantize=list(op_types), weight_type=QuantType.QInt8, per_channel=True,
@@ -229,6 +231,23 @@ def _int8(path: Path, out: Path, op_types: tuple[str, ...], log: Callable[[str],
     log(f"precision int8: dynamic quantization (QInt8 weights per channel, {bits}; uint8 activations) of "
         f"{', '.join(op_types)}: {quantized} of {candidates} node(s) with constant weights quantized"
         + ("; none had constant weights, the model runs as fp32" if quantized == 0 else ""))
+
+
+def _patches_as_matmul(model: onnx.ModelProto, log: Callable[[str], None]) -> onnx.ModelProto:
+    """`model` with its patch embeddings' Convs as MatMuls (compile/patch_convolution.py), which the dynamic
+    quantization then quantizes; `model` as it is where it has none or the rewrite fails."""
+    from gebackend.compile.patch_convolution import patches_as_matmul
+
+    try:
+        rewritten, count = patches_as_matmul(model)
+    except Exception as exc:  # noqa: BLE001 - an optimisation: the model as it is still lowers
+        log(f"precision int8: writing the patch embedding's convolution as a MatMul failed ({type(exc).__name__}: "
+            f"{exc}); quantized as it is")
+        return model
+    if count:
+        log(f"precision int8: {count} patch embedding convolution(s) (kernel = stride) written as MatMul, so the "
+            "dynamic quantization quantizes them too")
+    return rewritten
 
 
 def _fp16(path: Path, out: Path) -> None:

@@ -50,8 +50,8 @@ _CHUNK = 1 << 20
 # 7-bit where int8_range says so (compile/precision.py); 6: the rows of a sequence no output keeps are not computed
 # (compile/unused_rows.py) in the file quantized; 7: nor the keys and values of a kept query
 # (compile/kept_query_attention.py); 8: in a file of fixed dims, nor those of a projection in one weight, sequence
-# first (compile/traced_projection.py).
-LOWERING_VERSION = "8"
+# first (compile/traced_projection.py); 9: a patch embedding's Conv quantized as a MatMul (compile/patch_convolution.py).
+LOWERING_VERSION = "9"
 
 
 @dataclass(frozen=True)
