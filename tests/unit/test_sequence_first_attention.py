@@ -98,6 +98,11 @@ def test_the_last_layer_projects_its_kept_token_only(encoder, batch):
     # for the kept token; its keys and values per head through the weights
     assert products.count((10, batch, 96)) == 1 and (1, batch, 32) in products
     assert (batch, 4, 32, 1) in products and (batch, 4, 8, 1) in products
+    # the queries' third of the stacked weight and bias is stored as such, not cut out of it on every run
+    stored = {init.name for init in static.graph.initializer}
+    assert not [node for node in static.graph.node if node.op_type == "Slice" and node.input[0] in stored]
+    thirds = [tuple(init.dims) for init in static.graph.initializer if init.name.endswith("_rows__rows1")]
+    assert sorted(thirds) == [(32,), (32, 32)]
     feeds = {"x": np.random.default_rng(batch).standard_normal((batch, 10, 32)).astype(np.float32)}
     np.testing.assert_allclose(_run(static, feeds)[0], _run(fp32, feeds)[0], rtol=1e-5, atol=1e-5)
 

@@ -157,6 +157,15 @@ class _Writer(NodeWriter):
 
     def __init__(self, model: onnx.ModelProto) -> None:
         super().__init__(model, "__rows")
+        self.weights: list[onnx.TensorProto] = []
+
+    def stored_rows(self, values: np.ndarray, need: Rows, base: str) -> str:
+        """The rows `need` of a stored tensor, stored (a Slice would copy them out of the weight on every run)."""
+        cut = [slice(None)] * values.ndim
+        cut[need.axis] = slice(need.start, None if need.start < 0 and need.stop == 0 else need.stop)
+        name = self.name(base + "_rows")
+        self.weights.append(numpy_helper.from_array(np.ascontiguousarray(values[tuple(cut)]), name))
+        return name
 
     def constant(self, values, base: str, dtype=np.int64) -> str:
         name = self.name(base)
@@ -184,6 +193,8 @@ def _rewrite(model: onnx.ModelProto, region: _Region, done: set[str]) -> onnx.Mo
     def take(source: str, need: Rows) -> str:
         if region.moved(source) and region.wanted[source] == need:
             return renamed[source]
+        if source in view.values and (stored := view.constant(source)) is not None:
+            return writer.stored_rows(stored, need, source)  # a weight's columns (one third of a stacked projection)
         return writer.slice(source, need.start, need.stop, need.axis, source)
 
     replaced: set[int] = set()  # the original nodes the rewrite answers for
@@ -232,7 +243,9 @@ def _rewrite(model: onnx.ModelProto, region: _Region, done: set[str]) -> onnx.Mo
         replaced.add(id(seed))
     done.update(out for node in writer.nodes for out in node.output)
     nodes = [node for node in model.graph.node if id(node) not in replaced] + writer.nodes
-    return live_nodes.live(model, live_nodes.in_order(nodes))
+    rewritten = live_nodes.live(model, live_nodes.in_order(nodes))
+    rewritten.graph.initializer.extend(writer.weights)
+    return rewritten
 
 
 def _prune_once(model: onnx.ModelProto, done: set[str]) -> tuple[onnx.ModelProto, int, GraphView]:
