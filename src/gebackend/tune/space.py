@@ -220,20 +220,9 @@ def quick_set(candidates: Sequence[Candidate], usable: Callable[[Candidate], boo
     if not pool:
         return []
     anchor = min(pool, key=lambda cand: (sum(cand.ranks), cand.ranks))
-    at = anchor.choices()
-
-    def one_change(cand: Candidate, dimension: str) -> bool:
-        return all(value == at[d] for d, value in cand.choices().items() if d != dimension)
-
-    out = [anchor]
-    for index, dimension in enumerate(DIMENSIONS):
-        if dimension == "numerics":
-            continue
-        later = [cand for cand in pool if one_change(cand, dimension) and cand.ranks[index] > anchor.ranks[index]]
-        if later:
-            out.append(min(later, key=lambda cand: cand.ranks[index]))
+    out = [anchor, *neighbours(pool, anchor)]
     served = len(out)
-    others = sorted((c for c in ranked if c.numerics != anchor.numerics and one_change(c, "numerics")),
+    others = sorted((c for c in ranked if c.numerics != anchor.numerics and _one_change(c, anchor, "numerics")),
                     key=lambda c: c.ranks)
     exact_wanted = not _exact(anchor) and any(_exact(c) and usable(c) for c in others)
     for cand in others:
@@ -243,6 +232,24 @@ def quick_set(candidates: Sequence[Candidate], usable: Callable[[Candidate], boo
             out.append(cand)
             served += 1
             exact_wanted = exact_wanted and not _exact(cand)
+    return out
+
+
+def _one_change(cand: Candidate, at: Candidate, dimension: str) -> bool:
+    """Whether `cand` has `at`'s value in every dimension but `dimension`."""
+    where = at.choices()
+    return all(value == where[d] for d, value in cand.choices().items() if d != dimension)
+
+
+def neighbours(pool: Sequence[Candidate], at: Candidate) -> list[Candidate]:
+    """From `pool`, the next value (by rank) of each dimension but the numerics from `at`, the others as `at` has them."""
+    out = []
+    for index, dimension in enumerate(DIMENSIONS):
+        if dimension == "numerics":
+            continue
+        later = [cand for cand in pool if _one_change(cand, at, dimension) and cand.ranks[index] > at.ranks[index]]
+        if later:
+            out.append(min(later, key=lambda cand: cand.ranks[index]))
     return out
 
 
@@ -278,4 +285,5 @@ def peer(model: TunedModel, cores: int) -> Candidate:
 
 
 __all__ = ["DIMENSIONS", "PRECISIONS", "Candidate", "Favoured", "PrecisionRung", "accuracy_groups",
-           "baseline", "buckets_for", "instance_layouts", "make_candidate", "numerics", "peer", "quick_set", "space"]
+           "baseline", "buckets_for", "instance_layouts", "make_candidate", "neighbours", "numerics", "peer", "quick_set",
+           "space"]
