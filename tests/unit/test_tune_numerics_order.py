@@ -96,3 +96,36 @@ def test_a_quick_tune_times_every_precision_and_screens_around_the_fastest():
     assert all(o.candidate.choices()["instances"] == (1, 2) for o in others)
     assert any(note.startswith("quick: 4 candidates, around openvino static int8-static 1x2 cores delay 0us and one change "
                                    "of each dimension (5 more of the other precisions reported, not served)") for note in done.notes)
+
+
+def test_a_quick_tune_steps_to_the_best_screened_when_it_is_not_the_guess():
+    """Timed in process, ONNX Runtime's int8 is the guess; served, OpenVINO's int8 (one of the other precisions the
+    quick set serves at the guess's values) is faster: one change of each dimension from it is screened too, and its
+    2 instances x 1 core wins (before: never screened, the winner stayed at 1 x 2)."""
+    times = {("onnxruntime", "origin"): 50.0, ("openvino", "origin"): 45.0, ("openvino", "bf16"): 40.0,
+             ("onnxruntime", "int8"): 30.0, ("openvino", "int8-static"): 35.0, ("onnxruntime", "int8-static"): 45.0}
+
+    class Measurer(FakeMeasurer):
+        def accuracy(self, engine, rung):
+            return replace(super().accuracy(engine, rung), run_ms=times[(engine, rung.name)])
+
+    clock = Clock()
+    m = Measurer(clock, throughput={"ov-static-int8-static-1x2-d0": 300.0, "ov-static-int8-static-2x1-d0": 400.0})
+    s = SearchSettings(concurrency=2, rounds=1, finalists=2, time_budget_s=100_000, quick=True)
+    done = Search(full_space(), m, s, budget=Budget(s.time_budget_s, clock)).run()
+    started = m.started()
+    assert started[0] == "ort-static-int8-1x2-d0"
+    stepped = {"ov-static-int8-static-2x1-d0", "ov-static-int8-static-1x2-d100", "ov-dynamic-int8-static-1x2-d0"}
+    assert stepped <= set(started)
+    assert started.index("ov-static-int8-static-1x2-d0") < min(started.index(key) for key in stepped)
+    assert done.winner.candidate.key == "ov-static-int8-static-2x1-d0"
+    assert any(note.startswith("quick: the best screened, openvino static int8-static 1x2 cores delay 0us, is not the "
+                               "guess: 3 more") for note in done.notes)
+
+
+def test_a_quick_tune_whose_guess_screens_best_screens_nothing_more():
+    clock = Clock()
+    m = TimedMeasurer(clock, throughput={"ov-static-int8-static-1x2-d0": 300.0})
+    s = SearchSettings(concurrency=2, rounds=1, finalists=2, time_budget_s=100_000, quick=True)
+    done = Search(full_space(), m, s, budget=Budget(s.time_budget_s, clock)).run()
+    assert len(set(m.started())) == 4 and not any("is not the guess" in note for note in done.notes)
