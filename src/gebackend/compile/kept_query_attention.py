@@ -146,6 +146,17 @@ def _pays(view: GraphView, rows_operand: str, projection: _Projection) -> bool:
     return dims[2] * (projection.d + tokens) < tokens * projection.d
 
 
+def _few_rows(view: GraphView, node: onnx.NodeProto) -> bool:
+    """Whether the rows `r` of an attention MatMul are fewer than both its first operand's last dim and its output's
+    (`d` and the tokens `S`, in either order): what `_pays` needs of any projection, checked before tracing one
+    (compile/traced_projection.py copies an index of every element of it: an attention of every layer but the last
+    is not traced)."""
+    rows, out = view.dims.get(node.input[0]), view.dims.get(node.output[0])
+    if rows is None or out is None or len(rows) != 4 or len(out) != 4:
+        return False
+    return all(isinstance(d, int) for d in (rows[2], rows[3], out[3])) and rows[2] < rows[3] and rows[2] < out[3]
+
+
 class _Writer(NodeWriter):
     """The new nodes (names `<base>__kq<n>`) and weights, named after the node they replace."""
 
@@ -219,7 +230,7 @@ def kept_query_attention(model: onnx.ModelProto, view: GraphView | None = None) 
     for node in model.graph.node:
         if node.op_type != "MatMul" or node.domain not in DEFAULT_DOMAINS or len(node.input) != 2:
             continue
-        projection = _projection(view, node.input[1]) or _traced(view, node)
+        projection = _projection(view, node.input[1]) or (_traced(view, node) if _few_rows(view, node) else None)
         if projection is not None and projection.perm in (_KEYS, _VALUES) and _pays(view, node.input[0], projection):
             found.append((node, projection))
     if not found:
