@@ -13,22 +13,13 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 
 from gebackend.compile import passes
 from gebackend.compile.row_rules import GraphView
 
-
-def _run(model: onnx.ModelProto, feeds: dict) -> list[np.ndarray]:
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # the graph as written
-    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"]).run(None, feeds)
-
-
-def _dims(model: onnx.ModelProto, op_type: str) -> list[tuple]:
-    view = GraphView(model)
-    return [view.dims.get(node.output[0]) for node in model.graph.node if node.op_type == op_type]
+from test_unused_rows import _run
+from test_unused_rows_int8 import _dims
 
 
 def _cosine(a: np.ndarray, b: np.ndarray) -> float:

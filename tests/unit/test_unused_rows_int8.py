@@ -7,18 +7,13 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from gebackend.compile.row_rules import GraphView
 from gebackend.compile.unused_rows import prune_unused_rows
 
-
-def _run(model: onnx.ModelProto, feeds: dict) -> list[np.ndarray]:
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # the graph as written
-    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"]).run(None, feeds)
+from test_unused_rows import _run
 
 
 def _dims(model: onnx.ModelProto, op_type: str) -> list[tuple]:

@@ -25,9 +25,8 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-from onnx import helper, numpy_helper
+from onnx import helper
 
-from gebackend.compile import live_nodes
 from gebackend.compile.node_writer import NodeWriter
 from gebackend.compile.row_rules import GraphView
 from gebackend.compile.runtime_shapes import DEFAULT_DOMAINS
@@ -162,13 +161,7 @@ class _Writer(NodeWriter):
 
     def __init__(self, model: onnx.ModelProto) -> None:
         super().__init__(model, "__kq")
-        self.weights: list[onnx.TensorProto] = []
         self.layouts: dict[tuple[str, bool], str] = {}
-
-    def weight(self, values: np.ndarray, base: str) -> str:
-        name = self.name(base)
-        self.weights.append(numpy_helper.from_array(values, name))
-        return name
 
     def axes_op(self, op_type: str, source: str, axes: list[int], base: str, **attributes) -> str:
         """Unsqueeze / ReduceSum over `axes` (an input from opset 13)."""
@@ -240,7 +233,4 @@ def kept_query_attention(model: onnx.ModelProto, view: GraphView | None = None) 
     for node, projection in found:
         (_keys if projection.perm == _KEYS else _values)(writer, node, projection)
         replaced.add(id(node))
-    nodes = [node for node in model.graph.node if id(node) not in replaced] + writer.nodes
-    rewritten = live_nodes.live(model, live_nodes.in_order(nodes))
-    rewritten.graph.initializer.extend(writer.weights)
-    return rewritten, sum(len(projection.chain) for _, projection in found)
+    return writer.rewritten(model, replaced), sum(len(projection.chain) for _, projection in found)

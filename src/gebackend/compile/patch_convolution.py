@@ -14,9 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-from onnx import numpy_helper
 
-from gebackend.compile import live_nodes
 from gebackend.compile.node_writer import NodeWriter
 from gebackend.compile.row_rules import GraphView, attribute
 from gebackend.compile.runtime_shapes import DEFAULT_DOMAINS
@@ -53,27 +51,16 @@ def patches_as_matmul(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
     if not found:
         return model, 0
     writer = NodeWriter(model, "__patch")
-    weights = []
-
-    def constant(values: np.ndarray, base: str) -> str:
-        name = writer.name(base)
-        weights.append(numpy_helper.from_array(values, name))
-        return name
-
     for node, (channels, rows, kh, columns, kw) in found:
         base, kernel = node.name or node.output[0], view.stored(node.input[1])
-        split = writer.node("Reshape", [node.input[0], constant(np.array([0, channels, rows, kh, columns, kw]), base + "_cut")],
+        split = writer.node("Reshape", [node.input[0], writer.weight(np.array([0, channels, rows, kh, columns, kw]), base + "_cut")],
                             base + "_cut")
         patches = writer.node("Transpose", [split], base + "_patches", perm=[0, 2, 4, 1, 3, 5])
-        flat = writer.node("Reshape", [patches, constant(np.array([0, rows, columns, channels * kh * kw]), base + "_flat")],
+        flat = writer.node("Reshape", [patches, writer.weight(np.array([0, rows, columns, channels * kh * kw]), base + "_flat")],
                            base + "_flat")
         matrix = kernel.reshape(kernel.shape[0], -1).T.copy()  # [C·kh·kw, O], in the order the patches are flattened
-        product = writer.node("MatMul", [flat, constant(matrix, base + "_weight")], base + "_product")
+        product = writer.node("MatMul", [flat, writer.weight(matrix, base + "_weight")], base + "_product")
         if len(node.input) > 2 and node.input[2]:
             product = writer.node("Add", [product, node.input[2]], base + "_bias")
         writer.node("Transpose", [product], base, outputs=[node.output[0]], perm=[0, 3, 1, 2])
-    replaced = {id(node) for node, _ in found}
-    nodes = [node for node in model.graph.node if id(node) not in replaced] + writer.nodes
-    rewritten = live_nodes.live(model, live_nodes.in_order(nodes))
-    rewritten.graph.initializer.extend(weights)
-    return rewritten, len(found)
+    return writer.rewritten(model, {id(node) for node, _ in found}), len(found)

@@ -27,7 +27,6 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from gebackend.compile import live_nodes
 from gebackend.compile.kept_query_attention import kept_query_attention
 from gebackend.compile.graph_pass import GraphPass, PassContext, reason
 from gebackend.compile.node_writer import NodeWriter
@@ -157,15 +156,12 @@ class _Writer(NodeWriter):
 
     def __init__(self, model: onnx.ModelProto) -> None:
         super().__init__(model, "__rows")
-        self.weights: list[onnx.TensorProto] = []
 
     def stored_rows(self, values: np.ndarray, need: Rows, base: str) -> str:
         """The rows `need` of a stored tensor, stored (a Slice would copy them out of the weight on every run)."""
         cut = [slice(None)] * values.ndim
         cut[need.axis] = slice(need.start, None if need.start < 0 and need.stop == 0 else need.stop)
-        name = self.name(base + "_rows")
-        self.weights.append(numpy_helper.from_array(np.ascontiguousarray(values[tuple(cut)]), name))
-        return name
+        return self.weight(np.ascontiguousarray(values[tuple(cut)]), base + "_rows")
 
     def constant(self, values, base: str, dtype=np.int64) -> str:
         name = self.name(base)
@@ -242,10 +238,7 @@ def _rewrite(model: onnx.ModelProto, region: _Region, done: set[str]) -> onnx.Mo
                          outputs=list(seed.output))
         replaced.add(id(seed))
     done.update(out for node in writer.nodes for out in node.output)
-    nodes = [node for node in model.graph.node if id(node) not in replaced] + writer.nodes
-    rewritten = live_nodes.live(model, live_nodes.in_order(nodes))
-    rewritten.graph.initializer.extend(writer.weights)
-    return rewritten
+    return writer.rewritten(model, replaced)
 
 
 def _prune_once(model: onnx.ModelProto, done: set[str]) -> tuple[onnx.ModelProto, int, GraphView]:
