@@ -9,7 +9,8 @@
 - the accuracy guard is the bench's in-process check (`inprocess.Ceiling` + `inprocess.accuracy`: the
   candidate's engine and precision loaded as the backend loads them, cosine to a plain fp32 ONNX Runtime
   session on 4 random inputs), and the same loaded instance then times one request (`request_ms`, about a
-  second), which orders the rungs for screening (numerics_order.py).
+  second), which orders the rungs for screening (numerics_order.py); the fastest rung so far stays loaded and one
+  within 1.25x of it is timed again beside it, in interleaved rounds (paired_timing.py), before it is released.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Callable
 
 from gebackend.bench import inprocess, perf_analyzer, scenarios
 from gebackend.bench.runner import Bench, BenchSettings
-from gebackend.tune import config_writer
+from gebackend.tune import config_writer, paired_timing
 from gebackend.tune.numerics_order import Check
 from gebackend.tune.outcome import Measurement, MeasureFailed
 from gebackend.tune.space import Candidate, PrecisionRung, make_candidate
@@ -61,8 +62,9 @@ class Served:
 class BenchMeasurer:
     def __init__(self, model: TunedModel, out: Path, concurrency: int, quick: bool = False, peer=None,
                  log: Callable[[str], None] = lambda line: None, startup_timeout: float = 600,
-                 input_data: Path | None = None):
+                 input_data: Path | None = None, min_cosine: float = 0.0):
         self.model, self.out, self.concurrency, self.peer, self.log = model, Path(out), concurrency, peer, log
+        self.min_cosine = min_cosine  # a rung under it is timed once and released, never held for pairing
         self.phases = {"screen": QUICK_SCREEN if quick else SCREEN, "refine": QUICK_REFINE if quick else REFINE}
         self.bench = Bench(BenchSettings(out=self.out, startup_timeout=startup_timeout), log=log)
         self.bench.dir = self.out  # the bench's logs/ and layout, directly in the tune folder
@@ -71,6 +73,8 @@ class BenchMeasurer:
         self.input_data = Path(input_data) if input_data is not None else \
             perf_analyzer.write_input_data(self.out / "inputs.json", random_feeds(model))
         self.configs: dict[str, str] = {}
+        self.fastest = paired_timing.FastestHeld(
+            lambda run, seconds: inprocess.median_seconds(run, seconds), log=lambda line: log(f"tune: {line}"))
 
     def repository(self, cand: Candidate) -> Path:
         root = self.out / "repos" / cand.key
@@ -91,11 +95,22 @@ class BenchMeasurer:
             raise MeasureFailed(f"{type(exc).__name__}: {exc}") from None
         try:
             cosine = float(inprocess.accuracy(ceiling, self.model.onnx_path, random_feeds(self.model, 4, seed=1))["cosine"])
-            return Check(cosine, request_ms(ceiling, random_feeds(self.model)))
+            feeds = random_feeds(self.model)
+            first = request_ms(ceiling, feeds)
         except Exception as exc:  # noqa: BLE001
-            raise MeasureFailed(f"{type(exc).__name__}: {exc}") from None
-        finally:
             ceiling.close()
+            raise MeasureFailed(f"{type(exc).__name__}: {exc}") from None
+        if cosine < self.min_cosine:
+            ceiling.close()
+            return Check(cosine, first)
+        timed = paired_timing.Timed((engine, rung.name), lambda: ceiling.run_once(feeds), ceiling.close, first)
+        return Check(cosine, self.fastest.offer(timed))  # the fastest stays loaded, a close one timed beside it
+
+    def in_process_times(self) -> dict[tuple[str, str], float]:
+        """Every checked rung's time of one request in process, the close ones from rounds beside the fastest;
+        releases the rung still loaded."""
+        self.fastest.close()
+        return dict(self.fastest.times)
 
     def start(self, cand: Candidate, timeout_s: float = 600) -> Served:
         if cand.kind == "peer" and self.peer is None:

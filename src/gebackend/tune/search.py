@@ -28,7 +28,7 @@ or a fake in tests).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Protocol, Sequence
 
 from gebackend.tune import numerics_order, space
@@ -139,6 +139,8 @@ class Search:
             if value.cosine < self.settings.min_cosine:
                 outcome.status = f"rejected: cosine {value.cosine:.6f} < {self.settings.min_cosine}"
         self.checks = {k: v for k, v in checked.items() if isinstance(v, Check)}
+        times = getattr(self.measurer, "in_process_times", lambda: {})()  # the close ones timed side by side
+        self.checks = {k: replace(v, run_ms=times.get(k, v.run_ms)) for k, v in self.checks.items()}
         self._order_by_speed(self.checks)
 
     def _order_by_speed(self, checks: dict) -> None:

@@ -243,7 +243,7 @@ def run(settings: TuneSettings, progress: Callable[[str], None] = _stderr) -> tu
         rounds=2 if settings.quick else 3, quick=settings.quick)
     try:
         measurer = BenchMeasurer(model, out, settings.concurrency, quick=settings.quick, peer=found, log=log,
-                                 input_data=settings.input_data)
+                                 input_data=settings.input_data, min_cosine=settings.min_cosine)
         done = search_mod.Search(candidates, measurer, settings_s, references(model, found, cores), progress).run()
     finally:
         log_file.close()
