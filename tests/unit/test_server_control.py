@@ -429,3 +429,48 @@ def test_a_new_stub_that_dies_before_the_next_round_fails_the_restore_and_is_ret
     monkeypatch.setattr(dog._stop, "wait", lambda seconds: waits.append(seconds) or False)
     dog.table.now = [s for s in dog.table.now if s.model == "n"]  # the stub it restored dies later: seen, restored
     assert dog.check() == ["m"] and dog.restores["m"] == 2 and waits == [2.0]
+
+
+def test_a_change_made_as_soon_as_the_server_is_ready_is_reloaded_by_the_next_sighup(tmp_path):
+    """The files are read before the server loads them, not after it is ready: a change made right after "ready" (a
+    user's, or a test's, on a loaded machine) is seen by the next SIGHUP (before: 'reloading nothing')."""
+    import contextlib
+    from types import SimpleNamespace
+
+    from gebackend.server.supervisor import SignalFlag, Supervisor
+
+    (tmp_path / "a" / "1").mkdir(parents=True)
+    (tmp_path / "a" / "1" / "model.onnx").write_bytes(b"first")
+    stop, reload = SignalFlag(), SignalFlag()
+    loaded, said = [], []
+
+    def load_model(name):
+        loaded.append(name)
+        stop.set()
+
+    server = SimpleNamespace(
+        process=SimpleNamespace(poll=lambda: None), control=SimpleNamespace(can_reload=True),
+        settings=SimpleNamespace(model_repository=tmp_path), repository=SimpleNamespace(load_model=load_model),
+        shutdown=lambda broken: 0)
+    dog = SimpleNamespace(paused=contextlib.nullcontext, stop=lambda: None, broken_models=lambda: [])
+
+    class Fake(Supervisor):
+        def start(self, flag):
+            return server, []
+
+        def start_watchdog(self, started):
+            return dog
+
+    def ready(started, index):  # the user changes the model the moment the server says it is ready, then SIGHUP
+        (tmp_path / "a" / "1" / "model.onnx").write_bytes(b"second, longer")
+        reload.set()
+
+    supervisor = Fake(ServerSettings(model_repository=tmp_path), say=said.append)
+    timer = threading.Timer(10, stop.set)  # a reload that never comes must fail the test, not hang it
+    timer.start()
+    try:
+        assert supervisor.serve(stop, reload, ready) == 0
+    finally:
+        timer.cancel()
+    assert loaded == ["a"], said
+    assert "SIGHUP: reloading a" in said

@@ -99,14 +99,16 @@ class Supervisor:
     def serve(self, stop: SignalFlag, reload: SignalFlag, ready: Callable[[TritonServer, list[dict]], None],
               restarted: Callable[[list[dict]], None] = lambda index: None) -> "int | Shutdown":
         """Run until `stop`: `ready(server, index)` once the first start is ready, `restarted(index)` after each
-        restart of a crashed tritonserver; `reload` (SIGHUP) reloads the model folders that changed."""
+        restart of a crashed tritonserver; `reload` (SIGHUP) reloads the model folders that changed since the
+        server started loading them: the files are read before each start, so a change made as soon as it is ready
+        (or while it loads) is one the next SIGHUP sees."""
+        fingerprints = repository_fingerprints(self.settings.model_repository)
         started = self.start(stop)
         if isinstance(started, int):
             return started
         server, index = started
         ready(server, index)
         watchdog = self.start_watchdog(server)
-        fingerprints = repository_fingerprints(self.settings.model_repository)
         crashes = Crashes()
         while True:
             if server.process.poll() is not None:
@@ -121,13 +123,13 @@ class Supervisor:
                 if not sleep_unless(pause, stop):
                     self.say("stopped")
                     return 0
+                fingerprints = repository_fingerprints(self.settings.model_repository)
                 started = self.start(stop)
                 if isinstance(started, int):
                     return started
                 server, index = started
                 restarted(index)
                 watchdog = self.start_watchdog(server)
-                fingerprints = repository_fingerprints(self.settings.model_repository)
                 continue
             time.sleep(0.25)  # a signal cuts the sleep short; the handler has already set its flag
             if stop.is_set():
