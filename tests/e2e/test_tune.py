@@ -95,6 +95,11 @@ def test_tune_quick_finds_a_winner_that_serves_right_and_rejects_int8(tmp_path):
         assert data["engine_verdict"].startswith(f"In process, one request at a time on all cores (the accuracy guard's "
                                                  f"timing): {numerics[0]} {numerics[1]} ")
         assert f"tune: {data['engine_verdict']}" in done.stderr
+    # the winner's instances measured in process with no server beside them, and served against that ceiling
+    assert data["ceiling"] > 0, done.stderr[-3000:]
+    assert data["ceiling_verdict"].startswith(f"With no server beside them, the winner's instances compute "
+                                              f"{data['ceiling']:.1f} infer/s in process at concurrency ")
+    assert data["ceiling_verdict"] in (out / "report.md").read_text()
     # the accuracy guard timed every accepted precision in process, and the screening order says so
     order = [n for n in data["meta"]["notes"] if n.startswith("screening order by the time of one request in process: ")]
     assert len(order) == 1, data["meta"]["notes"]

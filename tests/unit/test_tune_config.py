@@ -300,3 +300,21 @@ def test_no_engine_verdict_for_the_exact_graph_or_untimed_precisions(tmp_path):
     search.checks = {}  # the accuracy guard did not time them
     assert report.engine_verdict(search) is None
     assert report.summary(search, {"model": "m"}, {}, None)["engine_verdict"] is None
+
+
+def test_the_report_sets_the_winner_against_its_in_process_ceiling_and_that_against_the_peer(tmp_path):
+    search = peer_faster_search(tmp_path, peer_rounds=(60.0, 64.0), winner_ms=30.0)
+    served = search.winner.throughput
+    verdict = report.ceiling_verdict(search, 2 * served)
+    assert verdict == (f"With no server beside them, the winner's instances compute {2 * served:.1f} infer/s in process "
+                       f"at concurrency {search.settings.concurrency} (pinned as served): served, it reaches 50 % of "
+                       f"that. That ceiling is {2 * served / 62.0:.2f}x the onnxruntime backend: the most this precision "
+                       "and layout can give here, however it is served.")
+    data = report.summary(search, {"model": "addmul", "machine": "a CPU", "concurrency": 4}, {}, "cfg", 2 * served)
+    report.write(tmp_path, data)
+    written = json.loads((tmp_path / "report.json").read_text())
+    assert written["ceiling"] == 2 * served and written["ceiling_verdict"] == verdict
+    assert verdict in (tmp_path / "report.md").read_text()
+    assert report.ceiling_verdict(search, None) is None and report.summary(search, {"model": "m"}, {}, None)["ceiling"] is None
+    search.references = [o for o in search.references if o.candidate.kind != "peer"]
+    assert report.ceiling_verdict(search, 2 * served).endswith("reaches 50 % of that.")

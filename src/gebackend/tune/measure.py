@@ -33,6 +33,7 @@ SCREEN = perf_analyzer.PerfSettings(measurement_interval_ms=1500, stability_perc
 REFINE = perf_analyzer.PerfSettings(measurement_interval_ms=3000, stability_percentage=100, max_trials=3, timeout_s=240)
 QUICK_SCREEN = perf_analyzer.PerfSettings(measurement_interval_ms=800, stability_percentage=100, max_trials=3, timeout_s=90)
 QUICK_REFINE = perf_analyzer.PerfSettings(measurement_interval_ms=1500, stability_percentage=100, max_trials=3, timeout_s=90)
+CEILING_S = 5.0  # the winner's in-process ceiling, after the search
 TIMING_S = 1.0  # the accuracy guard's timing of one request in process, per (engine, precision rung)
 
 
@@ -105,6 +106,20 @@ class BenchMeasurer:
             return Check(cosine, first)
         timed = paired_timing.Timed((engine, rung.name), lambda: ceiling.run_once(feeds), ceiling.close, first)
         return Check(cosine, self.fastest.offer(timed))  # the fastest stays loaded, a close one timed beside it
+
+    def ceiling(self, cand: Candidate, seconds: float = CEILING_S, warmup: float = 1.0) -> float | None:
+        """What `cand`'s instances compute in process at the tuned concurrency, pinned as served, with no server,
+        gRPC or perf_analyzer beside them (the bench's in-process ceiling), in inferences a second; None (the reason
+        logged) where it cannot be measured."""
+        try:
+            ceiling = inprocess.Ceiling(self.repository(cand) / self.model.name, self.log)
+            try:
+                return ceiling.measure(random_feeds(self.model), self.concurrency, seconds, warmup).throughput
+            finally:
+                ceiling.close()
+        except Exception as exc:  # noqa: BLE001 - a line of the report, not the tune's result
+            self.log(f"tune: the winner's in-process ceiling could not be measured: {type(exc).__name__}: {exc}")
+            return None
 
     def in_process_times(self) -> dict[tuple[str, str], float]:
         """Every checked rung's time of one request in process, the close ones from rounds beside the fastest;

@@ -109,13 +109,32 @@ def engine_verdict(search: Search) -> str | None:
                    f"{engine} {rung} within --min-cosine {search.settings.min_cosine}.")
 
 
-def summary(search: Search, meta: Mapping, reasons: Mapping[str, str], config_text: str | None) -> dict:
+def ceiling_verdict(search: Search, ceiling: float | None) -> str | None:
+    """The winner's served throughput against what its instances compute in process with nothing else running
+    (`ceiling`, infer/s: BenchMeasurer.ceiling), and that ceiling against the onnxruntime backend where measured."""
+    winner = search.winner
+    if winner is None or not ceiling or not winner.throughput:
+        return None
+    line = (f"With no server beside them, the winner's instances compute {ceiling:.1f} infer/s in process at "
+            f"concurrency {search.settings.concurrency} (pinned as served): served, it reaches "
+            f"{100 * winner.throughput / ceiling:.0f} % of that.")
+    peer = search.reference("peer")
+    if peer is not None and peer.throughput:
+        line += (f" That ceiling is {ceiling / peer.throughput:.2f}x the onnxruntime backend: the most this "
+                 "precision and layout can give here, however it is served.")
+    return line
+
+
+def summary(search: Search, meta: Mapping, reasons: Mapping[str, str], config_text: str | None,
+            ceiling: float | None = None) -> dict:
     baseline, peer = search.reference("baseline"), search.reference("peer")
     return {
         "meta": dict(meta, notes=list(search.notes), interrupted=search.interrupted),
         "winner": search.winner.candidate.key if search.winner else None,
         "peer_verdict": peer_verdict(search),
         "engine_verdict": engine_verdict(search),
+        "ceiling": ceiling,
+        "ceiling_verdict": ceiling_verdict(search, ceiling),
         "reasons": dict(reasons),
         "references": [row(o, baseline, peer) for o in search.references],
         "candidates": [row(o, baseline, peer) for o in search.outcomes],
@@ -150,6 +169,8 @@ def markdown(data: Mapping) -> str:
             out += [data["peer_verdict"], ""]
         if data.get("engine_verdict"):
             out += [data["engine_verdict"], ""]
+        if data.get("ceiling_verdict"):
+            out += [data["ceiling_verdict"], ""]
         out += ["Why each choice (the winner over the best candidate measured with the other value):", ""]
         out += [f"- {dim}: {text}" for dim, text in data.get("reasons", {}).items()]
         out.append("")
@@ -218,4 +239,4 @@ def write(out: Path, data: Mapping) -> None:
     plot(data, out / "tune.png")
 
 
-__all__: Sequence[str] = ["engine_verdict", "markdown", "plot", "row", "summary", "write"]
+__all__: Sequence[str] = ["ceiling_verdict", "engine_verdict", "markdown", "plot", "row", "summary", "write"]

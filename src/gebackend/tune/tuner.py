@@ -194,7 +194,7 @@ def references(model: TunedModel, peer_found, cores: int) -> list[space.Candidat
 def run(settings: TuneSettings, progress: Callable[[str], None] = _stderr) -> tuple[Path, dict]:
     from gebackend.bench import peer as peer_mod
     from gebackend.bench.runner import machine
-    from gebackend.tune.measure import BenchMeasurer
+    from gebackend.tune.measure import CEILING_S, BenchMeasurer
 
     started = datetime.now()
     t0 = time.monotonic()
@@ -241,10 +241,14 @@ def run(settings: TuneSettings, progress: Callable[[str], None] = _stderr) -> tu
         concurrency=settings.concurrency, min_cosine=settings.min_cosine, latency_budget_ms=settings.latency_budget_ms,
         time_budget_s=settings.time_budget_min * 60, finalists=2 if settings.quick else 3,
         rounds=2 if settings.quick else 3, quick=settings.quick)
+    ceiling = None
     try:
         measurer = BenchMeasurer(model, out, settings.concurrency, quick=settings.quick, peer=found, log=log,
                                  input_data=settings.input_data, min_cosine=settings.min_cosine)
         done = search_mod.Search(candidates, measurer, settings_s, references(model, found, cores), progress).run()
+        if done.winner is not None and not done.interrupted:
+            progress(f"tune: the winner's in-process ceiling ({CEILING_S:.0f} s, no server) ...")
+            ceiling = measurer.ceiling(done.winner.candidate)
     finally:
         log_file.close()
     winner = done.winner
@@ -269,8 +273,8 @@ def run(settings: TuneSettings, progress: Callable[[str], None] = _stderr) -> tu
             "static_dims": static_dims,
             "input_data": str(settings.input_data) if settings.input_data else "seeded random requests",
             "trim_padding": trim}
-    data = report.summary(done, meta, reasons, text)
-    for verdict in ("peer_verdict", "engine_verdict"):
+    data = report.summary(done, meta, reasons, text, ceiling)
+    for verdict in ("peer_verdict", "engine_verdict", "ceiling_verdict"):
         if data[verdict]:
             progress(f"tune: {data[verdict]}")
     if settings.apply:
