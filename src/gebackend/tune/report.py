@@ -8,7 +8,9 @@ where measured. The report names the CPU (gebackend.bench.runner.machine()). Whe
 than the winner in the same rounds, the report says so first, and what the measurements say of why (`peer_verdict`).
 Where the winner runs another precision or engine than the backend's exact ONNX Runtime graph, it says how much of
 its gain the engines give alone in process and how much the serving layout adds (`engine_verdict`): the bound a
-further tune on this CPU cannot pass without a faster precision.
+further tune on this CPU cannot pass without a faster precision. Where the winner's instances were measured in process
+with no server beside them (the ceiling), it says what share of that the winner serves and what the ceiling is
+against the onnxruntime backend (`ceiling_verdict`).
 """
 
 from __future__ import annotations
