@@ -46,6 +46,7 @@ class Measurer(Protocol):
     def start(self, cand: Candidate, timeout_s: float): ...  # a handle; raises MeasureFailed
     def measure(self, handle, phase: str) -> Measurement: ...  # phase: "screen" or "refine"; raises MeasureFailed
     def stop(self, handle) -> None: ...
+    def in_process_times(self) -> dict: ...  # after the guard: (engine, rung name) -> ms, the close ones side by side
 
 
 @dataclass
@@ -139,7 +140,7 @@ class Search:
             if value.cosine < self.settings.min_cosine:
                 outcome.status = f"rejected: cosine {value.cosine:.6f} < {self.settings.min_cosine}"
         self.checks = {k: v for k, v in checked.items() if isinstance(v, Check)}
-        times = getattr(self.measurer, "in_process_times", lambda: {})()  # the close ones timed side by side
+        times = self.measurer.in_process_times()  # the close ones timed side by side (paired_timing.py)
         self.checks = {k: replace(v, run_ms=times.get(k, v.run_ms)) for k, v in self.checks.items()}
         self._order_by_speed(self.checks)
 
