@@ -196,17 +196,18 @@ def test_text_encoder_requests_are_random_ids_or_padded_chinese_captions(tmp_pat
 
     bench = Bench(BenchSettings(out=tmp_path, texts=texts, cache=Path(__file__).resolve().parents[2] / "bench" / "models"))
     bench.dir.mkdir(parents=True)
-    feeds, input_data = bench._inputs(models()["cnclip_text_l4"])
+    requests, input_data = bench._inputs(models()["cnclip_text_l4"])
     entries = json.loads(input_data.read_text())["data"]
     ids = np.array([e["text"]["content"] for e in entries])
-    assert feeds["text"].shape == (1, 52) and ids.shape[1] == 52
+    assert all(feeds["text"].shape == (1, 52) for feeds in requests) and ids.shape[1] == 52
+    # the in-process ceiling sends what perf_analyzer sends: every entry, in the same order
+    np.testing.assert_array_equal(np.concatenate([feeds["text"] for feeds in requests]), ids)
     if texts == "random":
         assert len(entries) == 1 and (ids > 0).all()  # every position a token: nothing to trim
         return
     assert len(entries) == len(CAPTIONS) and (ids[:, 0] == 101).all()  # [CLS], then the caption, then [PAD] = 0
     lengths = (ids != 0).sum(axis=1)
     assert 10 < lengths.min() and lengths.max() < 30 and (ids[:, 30:] == 0).all()
-    np.testing.assert_array_equal(feeds["text"][0], ids[0])
     _, bare = bench._inputs(models()["resnet_small"])  # not a text encoder: its random inputs as before
     assert len(json.loads(bare.read_text())["data"]) == 1
 
@@ -248,13 +249,44 @@ def test_a_two_instance_ceiling_runs_one_pinned_process_per_instance(tmp_path):
         assert ceiling.instances == 2 and len(ceiling.instances_here) == 1
         feeds = tiny.sample_inputs(1)
         np.testing.assert_allclose(ceiling.run_once(feeds)["sum"], feeds["x"] + feeds["y"])
-        row = ceiling.measure(feeds, concurrency=2, seconds=1.0, warmup=0.3)
-        one = ceiling.measure(feeds, concurrency=1, seconds=1.0, warmup=0.3)
+        row = ceiling.measure([feeds], concurrency=2, seconds=1.0, warmup=0.3)
+        one = ceiling.measure([feeds], concurrency=1, seconds=1.0, warmup=0.3)
     finally:
         ceiling.close()
     assert row.concurrency == 2 and row.throughput > 100 and row.p50_us > 0
     assert one.throughput > 100
     assert ceiling.last_latencies_us.size == one.throughput * 1.0
+
+
+def test_the_ceiling_sends_the_requests_in_turn_as_perf_analyzer_does(tmp_path):
+    """With several requests (captions of several lengths) each client takes the next one, so the ceiling runs the
+    mix that is served, not the first request again and again."""
+    from gebackend.bench.inprocess import Ceiling, RoundRobin
+
+    turns = RoundRobin(["a", "b", "c"], start=4)
+    assert [turns.take() for _ in range(5)] == ["b", "c", "a", "b", "c"]
+    with pytest.raises(ValueError):
+        RoundRobin([])
+    tiny = models(tmp_path)["tiny"]
+    path = tiny.ensure(tmp_path, lambda m: None)
+    repo = scenarios.write_repository(tmp_path / "repo", tiny, scenarios.SCENARIOS["ge_dynamic"], path)
+    ceiling = Ceiling(repo / "tiny", log=lambda m: None)
+    sent = []
+    execute = ceiling.instances_here[0].execute
+
+    def recording(batch):
+        sent.extend(float(request["x"].ravel()[0]) for request in batch)
+        return execute(batch)
+
+    ceiling.instances_here[0].execute = recording
+    requests = [{k: np.full_like(v, n) for k, v in tiny.sample_inputs(1).items()} for n in (1.0, 2.0, 3.0)]
+    try:
+        ceiling.measure(requests, concurrency=1, seconds=0.3, warmup=0.1)
+    finally:
+        ceiling.close()
+    assert len(sent) > 6
+    assert sent[:6] == [1.0, 2.0, 3.0, 1.0, 2.0, 3.0]
+    assert set(sent) == {1.0, 2.0, 3.0}
 
 
 def test_serving_a_scenario_marks_what_failed_and_stops_the_server(tmp_path, monkeypatch):

@@ -1,7 +1,9 @@
 """The in-process ceiling: the same engine and config as a served scenario, called directly, no server.
 
-The scenario's model is loaded as the backend loads it (`runtime.instance.ModelInstance`), one per instance. `concurrency` client threads each send one request (batch 1, the same input
-perf_analyzer sends), wait for its answer and send the next, as perf_analyzer's concurrency mode does.
+The scenario's model is loaded as the backend loads it (`runtime.instance.ModelInstance`), one per instance.
+`concurrency` client threads each send one request (batch 1), wait for its answer and send the next, as
+perf_analyzer's concurrency mode does, taking the requests perf_analyzer sends (its --input-data entries) in turn:
+with requests of several lengths (captions, cut by trim_padding) the ceiling runs the mix that is served.
 Throughput is the answers received inside the measurement window divided by its length; latency
 percentiles are over those answers. (perf_analyzer counts only requests both sent and answered inside a
 window, which under-counts when the window is not much longer than a request: give slow models long
@@ -27,7 +29,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping
+from typing import Mapping, Sequence
 
 import numpy as np
 
@@ -94,16 +96,33 @@ def split_clients(concurrency: int, instances: int) -> list[int]:
     return [concurrency // instances + (1 if i < concurrency % instances else 0) for i in range(instances)]
 
 
-def _instance_process(model_dir: str, cpus, clients: int, feeds, seconds: float, warmup: float, barrier, conn) -> None:
-    """One served instance's counterpart: a process pinned to its cores, one executor, its share of the clients."""
+class RoundRobin:
+    """The requests in turn, from `start`, to any number of client threads (perf_analyzer's --input-data order)."""
+
+    def __init__(self, requests: Sequence[Mapping[str, np.ndarray]], start: int = 0):
+        if not requests:
+            raise ValueError("no request to send")
+        self.requests, self.next, self.lock = list(requests), start % len(requests), threading.Lock()
+
+    def take(self) -> Mapping[str, np.ndarray]:
+        with self.lock:
+            request = self.requests[self.next]
+            self.next = (self.next + 1) % len(self.requests)
+        return request
+
+
+def _instance_process(model_dir: str, cpus, clients: int, requests, start: int, seconds: float, warmup: float,
+                      barrier, conn) -> None:
+    """One served instance's counterpart: a process pinned to its cores, one executor, its share of the clients
+    (taking the requests in turn from `start`)."""
     try:
         if cpus:
             os.sched_setaffinity(0, cpus)
         ceiling = Ceiling(Path(model_dir), log=lambda m: None, instances=1)
         try:
-            ceiling.instances_here[0].execute([feeds])  # warm before the others start measuring
+            ceiling.instances_here[0].execute([requests[start % len(requests)]])  # warm before the others measure
             barrier.wait(timeout=600)
-            ceiling.measure(feeds, clients, seconds, warmup)
+            ceiling.measure(requests, clients, seconds, warmup, start=start)
             conn.send(("ok", ceiling.last_latencies_us.tolist()))
         finally:
             ceiling.close()
@@ -151,10 +170,14 @@ class Ceiling:
             raise result
         return result
 
-    def measure(self, feeds: Mapping[str, np.ndarray], concurrency: int, seconds: float, warmup: float) -> PerfRow:
+    def measure(self, requests: Sequence[Mapping[str, np.ndarray]], concurrency: int, seconds: float, warmup: float,
+                start: int = 0) -> PerfRow:
+        """`concurrency` clients sending `requests` (one request's feeds each, batch 1) in turn from `start`, as
+        perf_analyzer sends its --input-data entries, for `seconds` after `warmup`."""
         if self.instances > 1:
-            return self._measure_in_processes(feeds, concurrency, seconds, warmup)
-        requests: queue.Queue = queue.Queue()
+            return self._measure_in_processes(requests, concurrency, seconds, warmup)
+        feeds = RoundRobin(requests, start)
+        waiting: queue.Queue = queue.Queue()
         stop = threading.Event()
         latencies: list[float] = []
         window = {"start": float("inf"), "end": float("inf")}
@@ -164,13 +187,13 @@ class Ceiling:
             _pin(cpus)
             while not stop.is_set():
                 try:
-                    first = requests.get(timeout=0.05)
+                    first = waiting.get(timeout=0.05)
                 except queue.Empty:
                     continue
                 batch = [first]
                 while len(batch) < self.max_batch:
                     try:
-                        batch.append(requests.get_nowait())
+                        batch.append(waiting.get_nowait())
                     except queue.Empty:
                         break
                 try:
@@ -184,9 +207,9 @@ class Ceiling:
 
         def client() -> None:
             while not stop.is_set():
-                pending = _Pending(feeds, threading.Event())
+                pending = _Pending(feeds.take(), threading.Event())
                 sent = time.perf_counter()
-                requests.put(pending)
+                waiting.put(pending)
                 while not pending.done.wait(0.1):
                     if stop.is_set():
                         return
@@ -214,17 +237,20 @@ class Ceiling:
         self.last_latencies_us = np.asarray(latencies) * 1e6
         return _row(concurrency, self.last_latencies_us, seconds)
 
-    def _measure_in_processes(self, feeds, concurrency: int, seconds: float, warmup: float) -> PerfRow:
+    def _measure_in_processes(self, requests, concurrency: int, seconds: float, warmup: float) -> PerfRow:
         import multiprocessing
 
         context = multiprocessing.get_context("spawn")
         shares = [(cpus, n) for cpus, n in zip(self.instance_cpus, split_clients(concurrency, self.instances)) if n]
         barrier = context.Barrier(len(shares))
         children = []
-        for cpus, clients in shares:
+        requests = [dict(r) for r in requests]
+        for number, (cpus, clients) in enumerate(shares):
             receive, send = context.Pipe(duplex=False)
+            start = number * len(requests) // len(shares)  # each process from its own place in the requests
             process = context.Process(target=_instance_process, daemon=True,
-                                      args=(str(self.model_dir), cpus, clients, dict(feeds), seconds, warmup, barrier, send))
+                                      args=(str(self.model_dir), cpus, clients, requests, start, seconds, warmup,
+                                            barrier, send))
             process.start()
             send.close()
             children.append((process, receive))

@@ -159,7 +159,7 @@ class Bench:
             return
         entry["path"] = str(path)
         entry["size_mb"] = round(path.stat().st_size / 2**20, 1)
-        feeds, input_data = self._inputs(model)
+        requests, input_data = self._inputs(model)
         if s.interleave:
             try:
                 interleaved_runner.run(self, model, path, chosen, input_data, entry["scenarios"])
@@ -167,22 +167,23 @@ class Bench:
                 self._save()
             return
         for scenario in chosen:
-            result = self._run_scenario(model, path, scenario, input_data, feeds)
+            result = self._run_scenario(model, path, scenario, input_data, requests)
             entry["scenarios"].append(result)
             self._save()
 
-    def _inputs(self, model: BenchModel) -> tuple[dict, Path]:
-        """One request's feeds (the in-process ceiling's) and perf_analyzer's --input-data for every scenario."""
+    def _inputs(self, model: BenchModel) -> tuple[list[dict], Path]:
+        """The requests every scenario is sent, as feeds (the in-process ceiling sends them in turn) and as
+        perf_analyzer's --input-data (which sends them round-robin)."""
         target = self.dir / f"inputs_{model.name}.json"
         if self.settings.texts == "captions" and model.ensemble == "text":
             from gebackend.bench import ensemble
 
             texts = ensemble.inputs(ensemble.pipeline(model), self.settings.cache, count=len(ensemble.CAPTIONS))
             self.summary["meta"].setdefault("inputs", {})[model.name] = texts.description + ", tokenized, padded"
-            feeds = {name: np.asarray(value)[None] for name, value in texts.bare[0].items()}
-            return feeds, perf_analyzer.write_input_entries(target, texts.bare)
+            requests = [{name: np.asarray(value)[None] for name, value in text.items()} for text in texts.bare]
+            return requests, perf_analyzer.write_input_entries(target, texts.bare)
         feeds = model.sample_inputs(1, seed=0)
-        return feeds, perf_analyzer.write_input_data(target, feeds)
+        return [feeds], perf_analyzer.write_input_data(target, feeds)
 
     def serve(self, repo: Path, tag: str, result: dict, models: Sequence[str], extra_backends=None):
         """`gebackend serve` on `repo` for one scenario, its start-up time in `result`; None, with `result` marked
@@ -229,7 +230,8 @@ class Bench:
                 self.log(f"bench: {tag}: {ran.note}")
         return scenario, result, tag
 
-    def _run_scenario(self, model: BenchModel, path: Path, scenario: scenarios.Scenario, input_data: Path, feeds) -> dict:
+    def _run_scenario(self, model: BenchModel, path: Path, scenario: scenarios.Scenario, input_data: Path,
+                      requests: list[dict]) -> dict:
         s = self.settings
         scenario, result, tag = self.prepare(model, scenario)
         if result["status"] != "ok":
@@ -270,10 +272,11 @@ class Bench:
                      f"p99 {row.p99_us / 1000:.2f} ms")
         wanted = s.ceiling_for is None or scenario.name in s.ceiling_for
         if scenario.is_ge and s.ceiling and wanted and result["status"] == "ok":
-            self._ceiling(result, repo / model.name, path, feeds, model, tag)
+            self._ceiling(result, repo / model.name, path, requests, model, tag)
         return result
 
-    def _ceiling(self, result: dict, model_dir: Path, path: Path, feeds, model: BenchModel, tag: str) -> None:
+    def _ceiling(self, result: dict, model_dir: Path, path: Path, requests: list[dict], model: BenchModel, tag: str
+                 ) -> None:
         s = self.settings
         try:
             ceiling = inprocess.Ceiling(model_dir, self.log)
@@ -289,7 +292,7 @@ class Bench:
             except Exception as exc:  # noqa: BLE001
                 report.note(result, f"accuracy not checked: {exc}")
             for level in s.concurrency:
-                row = ceiling.measure(feeds, level, s.ceiling_seconds, s.ceiling_warmup)
+                row = ceiling.measure(requests, level, s.ceiling_seconds, s.ceiling_warmup)
                 result["ceiling"].append(row.to_dict())
                 self.log(f"bench: {tag}: in-process c={level} {row.throughput:.1f} infer/s p50 {row.p50_us / 1000:.2f} ms")
         except Exception as exc:  # noqa: BLE001
