@@ -92,3 +92,49 @@ def test_a_bad_input_data_file_stops_the_tune_before_any_server(tmp_path, capsys
     bad.write_text("{")
     assert main(["tune", str(folder), "--input-data", str(bad), "--out", str(tmp_path / "out2")]) == 2
     assert f"gebackend tune: --input-data {bad}: not JSON" in capsys.readouterr().err
+
+
+def test_the_in_process_timings_read_the_users_requests_or_say_why_not(tmp_path):
+    model = tuned_model.TunedModel.load(_folder(tmp_path))
+    rows = [_padded(9), _padded(17), _padded(12)]
+    sent, said = tuner.in_process_requests(model, _requests(tmp_path, rows))
+    assert said == "your 3 requests, in turn, as perf_analyzer sends them"
+    assert [feeds["text"].tolist() for feeds in sent] == [[row] for row in rows]  # batch dim 1: the model batches
+    assert tuner.in_process_requests(model, None) == (None, "the seeded request perf_analyzer sends")
+    none, why = tuner.in_process_requests(model, _requests(tmp_path, rows, name="ids"))
+    assert none is None and why.startswith("the seeded request, not yours: your requests could not be read as the "
+                                           "model's inputs") and "input 'text' is missing" in why
+    many, said = tuner.in_process_requests(model, _requests(tmp_path, rows * 30))
+    assert len(many) == requests.IN_PROCESS_LIMIT and said.startswith(f"the first {requests.IN_PROCESS_LIMIT} of your")
+
+
+def test_the_accuracy_guard_times_and_the_ceiling_runs_the_users_requests_cut_as_served(tmp_path, monkeypatch):
+    """Timed on the seeded full-length request, a rung's order and the winner's ceiling were those of requests
+    nobody serves where the user's are cut: the guard's instance cuts padding as every candidate does, and both
+    send the user's requests in turn."""
+    from gebackend.bench import inprocess, perf_analyzer
+    from gebackend.bench.perf_analyzer import PerfRow
+    from gebackend.tune import measure
+
+    monkeypatch.setattr(perf_analyzer, "find_perf_analyzer", lambda: Path("/nonexistent/perf_analyzer"))
+    model = tuned_model.TunedModel.load(_folder(tmp_path))
+    rows = [_padded(9), _padded(17)]
+    sent, _ = tuner.in_process_requests(model, _requests(tmp_path, rows))
+    timed, measured = [], []
+    run_once = inprocess.Ceiling.run_once
+    monkeypatch.setattr(inprocess.Ceiling, "run_once",
+                        lambda self, feeds: timed.append(feeds["text"][0].tolist()) or run_once(self, feeds))
+    monkeypatch.setattr(inprocess.Ceiling, "measure",
+                        lambda self, reqs, *a, **k: measured.append(reqs) or PerfRow(4, 50.0, 1.0, 1.0, 1.0, 1.0, 1.0))
+    measurer = measure.BenchMeasurer(model, tmp_path / "out", 4, requests=sent, trim=True)
+    check = measurer.accuracy("onnxruntime", space.PRECISIONS[0])
+    assert check.cosine > 0.9999 and check.run_ms > 0
+    assert timed[:4] == rows + rows  # in turn, from the first
+    guard = load_model_config(next((tmp_path / "out" / "repos").glob("accuracy-*/text/config.pbtxt")))
+    assert guard["parameters"]["trim_padding"]["string_value"] == "text"  # as every candidate
+    cand = space.make_candidate("onnxruntime", space.PRECISIONS[0], False, (1, 0), 0, 8, 2, trim=True)
+    assert measurer.ceiling(cand) == 50.0
+    assert [r["text"][0].tolist() for r in measured[0]] == rows
+    seeded = measure.BenchMeasurer(model, tmp_path / "out2", 4)
+    assert len(seeded.requests) == 1 and seeded.requests[0]["text"].shape == (1, 52) and not seeded.trim
+    measurer.in_process_times()

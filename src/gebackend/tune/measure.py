@@ -7,10 +7,14 @@
 - perf_analyzer is `perf_analyzer.run` at the one concurrency tuned for (gRPC, batch 1, its unstable-retry), sending
   the user's requests (--input-data) or one valid seeded input for every request, its CSV and logs under OUT/perf/<key>/;
 - the accuracy guard is the bench's in-process check (`inprocess.Ceiling` + `inprocess.accuracy`: the
-  candidate's engine and precision loaded as the backend loads them, cosine to a plain fp32 ONNX Runtime
-  session on 4 random inputs), and the same loaded instance then times one request (`request_ms`, about a
-  second), which orders the rungs for screening (numerics_order.py); the fastest rung so far stays loaded and one
-  within 1.25x of it is timed again beside it, in interleaved rounds (paired_timing.py), before it is released.
+  candidate's engine and precision loaded as the backend loads them, cutting padding where every candidate does,
+  cosine to a plain fp32 ONNX Runtime session on 4 random inputs), and the same loaded instance then times a
+  request (`request_ms`, about a second), which orders the rungs for screening (numerics_order.py); the fastest
+  rung so far stays loaded and one within 1.25x of it is timed again beside it, in interleaved rounds
+  (paired_timing.py), before it is released;
+- those timings and the winner's ceiling send the requests perf_analyzer sends, in turn: the user's (the first
+  `requests.IN_PROCESS_LIMIT` of --input-data) or the one seeded request. Timed on seeded full-length requests,
+  a rung's order and ceiling were those of requests nobody serves where the user's are cut (trim_padding).
 """
 
 from __future__ import annotations
@@ -48,11 +52,11 @@ def random_feeds(model: TunedModel, batch: int = 1, seed: int = 0):
     return feeds(model.onnx_path, shapes, seed=seed)
 
 
-def request_ms(ceiling: inprocess.Ceiling, feeds, seconds: float = TIMING_S, least: int = 3) -> float:
-    """The median milliseconds of one request run by the loaded instance, after one unmeasured run, over about
+def request_ms(run, seconds: float = TIMING_S, least: int = 3) -> float:
+    """The median milliseconds of `run()` (one request to the loaded instance), after one unmeasured run, over about
     `seconds` (at least `least` runs)."""
-    ceiling.run_once(feeds)
-    return 1000 * inprocess.median_seconds(lambda: ceiling.run_once(feeds), seconds, least)
+    run()
+    return 1000 * inprocess.median_seconds(run, seconds, least)
 
 
 class Served:
@@ -63,7 +67,7 @@ class Served:
 class BenchMeasurer:
     def __init__(self, model: TunedModel, out: Path, concurrency: int, quick: bool = False, peer=None,
                  log: Callable[[str], None] = lambda line: None, startup_timeout: float = 600,
-                 input_data: Path | None = None, min_cosine: float = 0.0):
+                 input_data: Path | None = None, min_cosine: float = 0.0, requests=None, trim: bool = False):
         self.model, self.out, self.concurrency, self.peer, self.log = model, Path(out), concurrency, peer, log
         self.min_cosine = min_cosine  # a rung under it is timed once and released, never held for pairing
         self.phases = {"screen": QUICK_SCREEN if quick else SCREEN, "refine": QUICK_REFINE if quick else REFINE}
@@ -73,6 +77,10 @@ class BenchMeasurer:
         self.binary = perf_analyzer.find_perf_analyzer()
         self.input_data = Path(input_data) if input_data is not None else \
             perf_analyzer.write_input_data(self.out / "inputs.json", random_feeds(model))
+        # what the in-process timings and ceiling send in turn: the user's requests (tune/requests.in_process) or the
+        # seeded one perf_analyzer is given; `trim`: the accuracy guard's instance cuts padding as every candidate does
+        self.requests = list(requests) if requests else [random_feeds(model)]
+        self.trim = trim
         self.configs: dict[str, str] = {}
         self.fastest = paired_timing.FastestHeld(
             lambda run, seconds: inprocess.median_seconds(run, seconds), log=lambda line: log(f"tune: {line}"))
@@ -87,7 +95,7 @@ class BenchMeasurer:
 
     def accuracy(self, engine: str, rung: PrecisionRung) -> Check:
         cand = make_candidate(engine, rung, False, (1, 0), 0 if self.model.max_batch_size else None,
-                              self.model.max_batch_size, 0)
+                              self.model.max_batch_size, 0, trim=self.trim)
         cand = replace(cand, key=f"accuracy-{cand.key}")
         root = self.repository(cand)
         try:
@@ -96,15 +104,16 @@ class BenchMeasurer:
             raise MeasureFailed(f"{type(exc).__name__}: {exc}") from None
         try:
             cosine = float(inprocess.accuracy(ceiling, self.model.onnx_path, random_feeds(self.model, 4, seed=1))["cosine"])
-            feeds = random_feeds(self.model)
-            first = request_ms(ceiling, feeds)
+            turns = inprocess.RoundRobin(self.requests)
+            run = lambda: ceiling.run_once(turns.take())  # noqa: E731
+            first = request_ms(run)
         except Exception as exc:  # noqa: BLE001
             ceiling.close()
             raise MeasureFailed(f"{type(exc).__name__}: {exc}") from None
         if cosine < self.min_cosine:
             ceiling.close()
             return Check(cosine, first)
-        timed = paired_timing.Timed((engine, rung.name), lambda: ceiling.run_once(feeds), ceiling.close, first)
+        timed = paired_timing.Timed((engine, rung.name), run, ceiling.close, first)
         return Check(cosine, self.fastest.offer(timed))  # the fastest stays loaded, a close one timed beside it
 
     def ceiling(self, cand: Candidate, seconds: float = CEILING_S, warmup: float = 1.0) -> float | None:
@@ -114,7 +123,7 @@ class BenchMeasurer:
         try:
             ceiling = inprocess.Ceiling(self.repository(cand) / self.model.name, self.log)
             try:
-                return ceiling.measure(random_feeds(self.model), self.concurrency, seconds, warmup).throughput
+                return ceiling.measure(self.requests, self.concurrency, seconds, warmup).throughput
             finally:
                 ceiling.close()
         except Exception as exc:  # noqa: BLE001 - a line of the report, not the tune's result

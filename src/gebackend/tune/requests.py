@@ -1,6 +1,7 @@
 """The requests `gebackend tune --input-data FILE` measures with: perf_analyzer's --input-data JSON of the user's own
-requests (the same file every candidate, reference and the peer get), read here only to see whether their token ids
-are padded, which makes every ge candidate cut each batch's padding (trim_padding) before its engine runs it."""
+requests (the same file every candidate, reference and the peer get), read here to see whether their token ids are
+padded, which makes every ge candidate cut each batch's padding (trim_padding) before its engine runs it, and as
+feeds (`in_process`) for the in-process timings and ceiling, which send the requests perf_analyzer sends."""
 
 from __future__ import annotations
 
@@ -47,3 +48,19 @@ def padding(path: Path, name: str, pad: int = 0) -> tuple[int, int] | None:
         real = np.flatnonzero((values != pad).reshape(-1, values.shape[-1]).any(axis=0))
         used, full = max(used, int(real[-1]) + 1 if real.size else 1), max(full, values.shape[-1])
     return (used, full) if used < full else None
+
+
+IN_PROCESS_LIMIT = 64  # the in-process timings send at most this many of the user's requests (in turn)
+
+
+def in_process(model_name: str, onnx_path: Path, path: Path, batching: bool, limit: int = IN_PROCESS_LIMIT
+               ) -> list[dict[str, np.ndarray]]:
+    """The first `limit` requests of a --input-data file as feeds (batch dim 1 where the model batches), for the
+    in-process timing and ceiling to send what perf_analyzer sends; ValueError saying why they cannot be read so."""
+    from gebackend.compile.calibration import load_samples
+    from gebackend.errors import ModelLoadError
+
+    try:
+        return load_samples(model_name, Path(onnx_path), Path(path), batching, limit=limit)
+    except ModelLoadError as exc:  # the reader is static int8's, which reads the same format as calibration_data
+        raise ValueError(f"read as the model's inputs by the calibration reader, which says: {exc}") from None

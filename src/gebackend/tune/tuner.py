@@ -148,6 +148,22 @@ def trims(model: TunedModel, input_data: Path | None) -> str:
             f"candidates, whose batch buckets keep the full length, are measured last")
 
 
+def in_process_requests(model: TunedModel, input_data: Path | None) -> tuple[list | None, str]:
+    """(the feeds the in-process timings and ceiling send in turn, None for the seeded one; what they are, in words):
+    the user's requests where --input-data gives them and they read as the model's inputs."""
+    if input_data is None:
+        return None, "the seeded request perf_analyzer sends"
+    from gebackend.tune import requests
+
+    try:
+        sent = requests.in_process(model.name, model.onnx_path, input_data, model.max_batch_size > 0)
+    except ValueError as exc:
+        return None, f"the seeded request, not yours: your requests could not be {exc}"
+    which = f"the first {len(sent)} of your requests" if len(sent) == requests.IN_PROCESS_LIMIT else \
+        f"your {len(sent)} request{'s' if len(sent) > 1 else ''}"
+    return sent, f"{which}, in turn, as perf_analyzer sends them"
+
+
 def sent_dims(model: TunedModel, input_data: Path | None) -> str:
     """What static candidates compile where inputs have variable dims, and what happens to requests of other dims."""
     dims = "; ".join(f"{name} {list(d)}" for name, d in model.sent_dims.items())
@@ -209,6 +225,7 @@ def run(settings: TuneSettings, progress: Callable[[str], None] = _stderr) -> tu
         settings = replace(settings, input_data=Path(settings.input_data).resolve())
     slow, favoured = slow_rungs(model), favoured_rungs(model)
     trim = trims(model, settings.input_data)
+    sent, in_process = in_process_requests(model, settings.input_data)
     from gebackend.compile.precision import quantized_nodes
 
     quantized = quantized_nodes(model.onnx_path)
@@ -227,6 +244,8 @@ def run(settings: TuneSettings, progress: Callable[[str], None] = _stderr) -> tu
         progress(f"tune: {static_dims}")
     if trim:
         progress(f"tune: {trim}")
+    if settings.input_data is not None:
+        progress(f"tune: in process (the precisions' timings, the winner's ceiling): {in_process}")
     if quantized:
         progress(f"tune: no int8 rungs: the file is quantized already ({quantized} quantization node(s)); `ge` serves "
                  f"it as its producer quantized it, which the origin rung measures")
@@ -244,7 +263,8 @@ def run(settings: TuneSettings, progress: Callable[[str], None] = _stderr) -> tu
     ceiling = None
     try:
         measurer = BenchMeasurer(model, out, settings.concurrency, quick=settings.quick, peer=found, log=log,
-                                 input_data=settings.input_data, min_cosine=settings.min_cosine)
+                                 input_data=settings.input_data, min_cosine=settings.min_cosine, requests=sent,
+                                 trim=bool(trim))
         done = search_mod.Search(candidates, measurer, settings_s, references(model, found, cores), progress).run()
         if done.winner is not None and not done.interrupted:
             progress(f"tune: the winner's in-process ceiling ({CEILING_S:.0f} s, no server) ...")
@@ -272,7 +292,7 @@ def run(settings: TuneSettings, progress: Callable[[str], None] = _stderr) -> tu
             "static_problem": model.static_problem,
             "static_dims": static_dims,
             "input_data": str(settings.input_data) if settings.input_data else "seeded random requests",
-            "trim_padding": trim}
+            "trim_padding": trim, "in_process_requests": in_process}
     data = report.summary(done, meta, reasons, text, ceiling)
     for verdict in ("peer_verdict", "engine_verdict", "ceiling_verdict"):
         if data[verdict]:
