@@ -290,6 +290,11 @@ def test_the_report_parts_the_engines_gain_from_the_servings_for_a_lowered_winne
     report.write(tmp_path, data)
     assert json.loads((tmp_path / "report.json").read_text())["engine_verdict"] == verdict
     assert verdict in (tmp_path / "report.md").read_text()
+    cut = next(c for c in space.space(2, ("onnxruntime",), (), 8, 4, trim=True) if c.numerics == ("onnxruntime", "int8"))
+    search.winner.candidate = cut  # the peer computes the padding the winner cuts: the served ratio says so
+    assert report.engine_verdict(search) == verdict.replace(
+        "what instances, pinning and batching add", "what instances, pinning, batching and cutting your requests' "
+        "padding (which the onnxruntime backend computes) add")
 
 
 def test_no_engine_verdict_for_the_exact_graph_or_untimed_precisions(tmp_path):

@@ -105,8 +105,10 @@ def engine_verdict(search: Search) -> str | None:
     peer = search.reference("peer")
     if peer is not None and peer.throughput and winner.throughput:
         served = winner.throughput / peer.throughput
+        what = ("instances, pinning, batching and cutting your requests' padding (which the onnxruntime backend "
+                "computes)" if winner.candidate.scenario.trim_padding else "instances, pinning and batching")
         line += (f" Served, the winner is {served:.2f}x the onnxruntime backend, {served / engines:.2f}x the engines' "
-                 f"ratio: what instances, pinning and batching add or lose.")
+                 f"ratio: what {what} add or lose.")
     return line + (" More than that on this CPU needs a precision that computes faster than "
                    f"{engine} {rung} within --min-cosine {search.settings.min_cosine}.")
 
