@@ -89,6 +89,13 @@ def test_perf_analyzer_json_flat_content_and_b64(model, tmp_path):
         np.testing.assert_allclose(sample["image"].ravel(), image, rtol=1e-6)
         assert sample["ids"].shape == (1, 5) and sample["ids"].dtype == np.int64
     assert samples[1]["ids"].tolist() == [[5, 4, 3, 2, 1]] and samples[2]["ids"].tolist() == [[7] * 5]
+    # with a limit, the entries past it are not decoded: a broken one there is not read (tune's 64 requests of many)
+    document["data"].append({"image": [0.0] * 5, "ids": [1]})
+    file.write_text(json.dumps(document))
+    assert [s["ids"].tolist() for s in calibration.load_samples("m", model, file, True, limit=2)] == \
+        [[[1, 2, 3, 4, 5]], [[5, 4, 3, 2, 1]]]
+    with pytest.raises(ModelLoadError, match=r"\[data 3\]: input 'image' has 5 values"):
+        calibration.load_samples("m", model, file, True, limit=4)
 
 
 @pytest.mark.parametrize("case, wanted", [

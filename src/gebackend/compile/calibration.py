@@ -101,7 +101,7 @@ def load_samples(model: str, model_path: Path, source: Path, batching: bool, lim
     if source.is_dir():
         raw = _from_folder(model, source, inputs, fixed)
     elif source.is_file():
-        raw = _from_json(model, source, inputs, batching, fixed)
+        raw = _from_json(model, source, inputs, batching, fixed, limit)
     else:
         raise ModelLoadError(f"model '{model}': calibration_data {source} does not exist; expected a folder of "
                              f"<input>.npy or <input>/*.npy files, or a perf_analyzer --input-data JSON file")
@@ -173,7 +173,8 @@ def _from_folder(model: str, folder: Path, inputs: Sequence[_Input],
 
 
 def _from_json(model: str, path: Path, inputs: Sequence[_Input], batching: bool,
-               fixed: Mapping[str, np.ndarray]) -> list[dict[str, tuple[np.ndarray, str]]]:
+               fixed: Mapping[str, np.ndarray], limit: int | None = None) -> list[dict[str, tuple[np.ndarray, str]]]:
+    """The file's entries as samples, the first `limit` of them (the others are not decoded)."""
     try:
         document = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -183,7 +184,7 @@ def _from_json(model: str, path: Path, inputs: Sequence[_Input], batching: bool,
         raise ModelLoadError(f"model '{model}': calibration_data {path}: expected perf_analyzer's --input-data "
                              f'format, {{"data": [{{"INPUT": [...]}}, ...]}}')
     samples = []
-    for number, entry in enumerate(entries):
+    for number, entry in enumerate(entries[:limit]):
         where = f"{path} [data {number}]"
         if not isinstance(entry, dict):
             raise ModelLoadError(f"model '{model}': calibration_data {where}: expected an object of input name -> "
