@@ -10,6 +10,8 @@ from pathlib import Path
 
 import numpy as np
 
+IN_PROCESS_LIMIT = 64  # the in-process timings send at most this many of the user's requests (in turn)
+
 
 def read(path: Path) -> list[dict]:
     """The entries of a perf_analyzer --input-data file; ValueError naming the file and what is wrong."""
@@ -48,9 +50,6 @@ def padding(path: Path, name: str, pad: int = 0) -> tuple[int, int] | None:
         real = np.flatnonzero((values != pad).reshape(-1, values.shape[-1]).any(axis=0))
         used, full = max(used, int(real[-1]) + 1 if real.size else 1), max(full, values.shape[-1])
     return (used, full) if used < full else None
-
-
-IN_PROCESS_LIMIT = 64  # the in-process timings send at most this many of the user's requests (in turn)
 
 
 def in_process(model_name: str, onnx_path: Path, path: Path, batching: bool, limit: int = IN_PROCESS_LIMIT
