@@ -296,24 +296,32 @@ def median_seconds(run, seconds: float, least: int = 3) -> float:
 
 
 def accuracy(ceiling: Ceiling, model_path: Path, feeds: Mapping[str, np.ndarray]) -> dict:
-    """Cosine similarity and max-abs-diff of the scenario's outputs to a plain fp32 onnxruntime session."""
+    """Cosine similarity and max-abs-diff of the scenario's outputs to a plain fp32 onnxruntime session, on a batch
+    of requests (`feeds`: one request per row where the model batches)."""
+    if ceiling.spec.max_batch_size > 0:  # one request per row of the batch
+        requests = [{k: v[i:i + 1] for k, v in feeds.items()} for i in range(next(iter(feeds.values())).shape[0])]
+    else:  # a model without batching: the feeds are one request
+        requests = [dict(feeds)]
+    return accuracy_on(ceiling, model_path, requests)
+
+
+def accuracy_on(ceiling: Ceiling, model_path: Path, requests: Sequence[Mapping[str, np.ndarray]]) -> dict:
+    """`accuracy` over `requests` (each one request's feeds, of any shapes the model takes), run by the scenario's
+    instance as one execute and by the fp32 session one by one."""
     from gebackend.engines import bfloat16
     from gebackend.engines.onnxruntime import open_session
 
     session = open_session(model_path, None)  # onnxruntime's defaults, errors only in the log
     names = [o.name for o in session.get_outputs()]
-    reference = dict(zip(names, bfloat16.run(session, names, dict(feeds))))  # bfloat16 tensors: through OrtValues
-    if ceiling.spec.max_batch_size > 0:  # one request per row of the batch
-        requests = [{k: v[i:i + 1] for k, v in feeds.items()} for i in range(next(iter(feeds.values())).shape[0])]
-    else:  # a model without batching: the feeds are one request
-        requests = [dict(feeds)]
-    got = ceiling.instances_here[0].execute(requests)
+    # bfloat16 tensors: through OrtValues
+    reference = [dict(zip(names, bfloat16.run(session, names, dict(request)))) for request in requests]
+    got = ceiling.instances_here[0].execute([dict(request) for request in requests])
     worst_cos, worst_diff = 1.0, 0.0
     for name in names:
         if any(isinstance(r, BaseException) for r in got):
             raise next(r for r in got if isinstance(r, BaseException))
-        ours = np.concatenate([r[name] for r in got]).astype(np.float64).ravel()
-        ref = reference[name].astype(np.float64).ravel()
+        ours = np.concatenate([np.asarray(r[name]).ravel() for r in got]).astype(np.float64)
+        ref = np.concatenate([np.asarray(r[name]).ravel() for r in reference]).astype(np.float64)
         denom = np.linalg.norm(ours) * np.linalg.norm(ref)
         cos = float(ours @ ref / denom) if denom else float(np.array_equal(ours, ref))
         worst_cos = min(worst_cos, cos)
