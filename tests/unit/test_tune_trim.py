@@ -138,3 +138,44 @@ def test_the_accuracy_guard_times_and_the_ceiling_runs_the_users_requests_cut_as
     seeded = measure.BenchMeasurer(model, tmp_path / "out2", 4)
     assert len(seeded.requests) == 1 and seeded.requests[0]["text"].shape == (1, 52) and not seeded.trim
     measurer.in_process_times()
+
+
+def test_static_int8_calibrates_on_the_users_requests_and_the_guard_compares_on_them(tmp_path, monkeypatch):
+    """With --input-data the static int8 rungs calibrate on the requests they are measured with (calibration_data in
+    every such candidate's config, the winner's too), and the accuracy guard compares with fp32 on those requests."""
+    from gebackend.bench import inprocess, perf_analyzer
+    from gebackend.tune import measure
+
+    model = tuned_model.TunedModel.load(_folder(tmp_path))
+    path = _requests(tmp_path, [_padded(9), _padded(17), _padded(12)])
+    sent, _ = tuner.in_process_requests(model, path)
+    calibrated = tuner.calibrated_on_requests(model, sent, path)
+    assert calibrated.calibration == str(path)
+    assert tuner.calibrated_on_requests(model, None, path) is model  # unreadable as inputs: seeded samples
+    own = tuned_model.TunedModel.load(_folder(tmp_path / "own", CONFIG + 'parameters { key: "calibration_data" value: '
+                                                               '{ string_value: "calib" } }\n'))
+    assert tuner.calibrated_on_requests(own, sent, path) is own  # the user's own calibration data is kept
+    by_rung = {c.rung.name: c for c in space.space(2, ("onnxruntime",), (), 8, 4, trim=True)}
+    written = tmp_path / "static.pbtxt"
+    written.write_text(config_writer.config_text(calibrated, by_rung["int8-static"]))
+    assert load_model_config(written)["parameters"]["calibration_data"]["string_value"] == str(path)
+    assert "# calibration_data=" + str(path) + ": static int8 calibrated on your requests" in written.read_text()
+    for rung in ("origin", "int8"):  # nothing to calibrate
+        assert "calibration_data" not in config_writer.config_text(calibrated, by_rung[rung])
+
+    monkeypatch.setattr(perf_analyzer, "find_perf_analyzer", lambda: Path("/nonexistent/perf_analyzer"))
+    compared = []
+    accuracy_on = inprocess.accuracy_on
+    monkeypatch.setattr(inprocess, "accuracy_on", lambda ceiling, onnx_path, requests: compared.append(
+        [r["text"][0].tolist() for r in requests]) or accuracy_on(ceiling, onnx_path, requests))
+    measurer = measure.BenchMeasurer(calibrated, tmp_path / "out", 4, requests=sent, trim=True, min_cosine=0.99)
+    check = measurer.accuracy("onnxruntime", by_rung["int8-static"].rung)
+    assert compared == [[_padded(9), _padded(17), _padded(12)]] and check.cosine > 0.99
+    guard = load_model_config(next((tmp_path / "out" / "repos").glob("accuracy-*int8-static*/text/config.pbtxt")))
+    assert guard["parameters"]["calibration_data"]["string_value"] == str(path)
+    measurer.in_process_times()
+    seeded = measure.BenchMeasurer(model, tmp_path / "out2", 4)
+    seeded.accuracy("onnxruntime", by_rung["origin"].rung)
+    seeded.in_process_times()
+    assert len(compared) == 2 and len(compared[1]) == 4  # without the user's requests: 4 seeded random ones
+    assert not any(row in compared[0] for row in compared[1])

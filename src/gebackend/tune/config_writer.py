@@ -44,11 +44,12 @@ WHAT = {  # what each chosen key does, the first line of its comment
     "dynamic_batching": "Triton's dynamic batcher gathers waiting requests into one batch",
     "preferred_batch_size": "batch sizes the batcher sends at once (aligned with the buckets)",
     "max_queue_delay_microseconds": "how long the batcher holds a request waiting for company",
+    "calibration_data": "static int8 calibrated on your requests (--input-data), not on seeded random samples",
     "trim_padding": "each batch cut to its longest request's tokens before the engine runs it (your requests are padded; "
                     "checked at load: served uncut if the outputs move)",
 }
 # the dimension (space.DIMENSIONS) whose measured reason each key's comment gives
-DIMENSION_OF = {"engine": "numerics", "precision_mode": "numerics", "static_model": "graph", "graph.ge.inputShape": "graph",
+DIMENSION_OF = {"engine": "numerics", "precision_mode": "numerics", "calibration_data": "numerics", "static_model": "graph", "graph.ge.inputShape": "graph",
                 "graph.ge.dynamicDims": "graph", "bucket_fallback": "graph", "bucket_paddable_dims": "graph",
                 "instance_group": "instances", "cores_per_instance": "instances",
                 "intra_op_thread_count": "instances", "dynamic_batching": "delay", "preferred_batch_size": "delay",
@@ -85,6 +86,8 @@ def chosen_parameters(model: TunedModel, cand: Candidate) -> dict[str, str]:
         params.update(model.length_buckets(cand.scenario.buckets))  # requests of several lengths: each padded up
         params["bucket_fallback"] = "dynamic"  # buckets at the dims requests sent: others still served
     params.update(dict(cand.rung.parameters))
+    if model.calibration and params.get("quantization") == "static":
+        params["calibration_data"] = model.calibration  # calibrated on the requests it was measured with
     return params
 
 

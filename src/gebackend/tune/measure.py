@@ -8,7 +8,8 @@
   the user's requests (--input-data) or one valid seeded input for every request, its CSV and logs under OUT/perf/<key>/;
 - the accuracy guard is the bench's in-process check (`inprocess.Ceiling` + `inprocess.accuracy`: the
   candidate's engine and precision loaded as the backend loads them, cutting padding where every candidate does,
-  cosine to a plain fp32 ONNX Runtime session on 4 random inputs), and the same loaded instance then times a
+  cosine to a plain fp32 ONNX Runtime session on the user's requests, else on 4 random inputs; the static int8 rungs
+  calibrated on the user's requests where given: config_writer), and the same loaded instance then times a
   request (`request_ms`, about a second), which orders the rungs for screening (numerics_order.py); the fastest
   rung so far stays loaded and one within 1.25x of it is timed again beside it, in interleaved rounds
   (paired_timing.py), before it is released;
@@ -39,6 +40,7 @@ QUICK_SCREEN = perf_analyzer.PerfSettings(measurement_interval_ms=800, stability
 QUICK_REFINE = perf_analyzer.PerfSettings(measurement_interval_ms=1500, stability_percentage=100, max_trials=3, timeout_s=90)
 CEILING_S = 5.0  # the winner's in-process ceiling, after the search
 TIMING_S = 1.0  # the accuracy guard's timing of one request in process, per (engine, precision rung)
+ACCURACY_REQUESTS = 16  # the accuracy guard compares with fp32 on at most this many of the user's requests
 
 
 def random_feeds(model: TunedModel, batch: int = 1, seed: int = 0):
@@ -80,6 +82,7 @@ class BenchMeasurer:
         # what the in-process timings and ceiling send in turn: the user's requests (tune/requests.in_process) or the
         # seeded one perf_analyzer is given; `trim`: the accuracy guard's instance cuts padding as every candidate does
         self.requests = list(requests) if requests else [random_feeds(model)]
+        self.own_requests = bool(requests)  # the accuracy guard then compares with fp32 on them
         self.trim = trim
         self.configs: dict[str, str] = {}
         self.fastest = paired_timing.FastestHeld(
@@ -103,7 +106,7 @@ class BenchMeasurer:
         except Exception as exc:  # noqa: BLE001 - the reason is the rung's status
             raise MeasureFailed(f"{type(exc).__name__}: {exc}") from None
         try:
-            cosine = float(inprocess.accuracy(ceiling, self.model.onnx_path, random_feeds(self.model, 4, seed=1))["cosine"])
+            cosine = float(self._accuracy(ceiling)["cosine"])
             turns = inprocess.RoundRobin(self.requests)
             run = lambda: ceiling.run_once(turns.take())  # noqa: E731
             first = request_ms(run)
@@ -115,6 +118,13 @@ class BenchMeasurer:
             return Check(cosine, first)
         timed = paired_timing.Timed((engine, rung.name), run, ceiling.close, first)
         return Check(cosine, self.fastest.offer(timed))  # the fastest stays loaded, a close one timed beside it
+
+    def _accuracy(self, ceiling: inprocess.Ceiling) -> dict:
+        """The guard's comparison with fp32: on the user's requests (the first `ACCURACY_REQUESTS`) where given, which
+        the static int8 rungs are calibrated on too (TunedModel.calibration), else on 4 seeded random ones."""
+        if self.own_requests:
+            return inprocess.accuracy_on(ceiling, self.model.onnx_path, self.requests[:ACCURACY_REQUESTS])
+        return inprocess.accuracy(ceiling, self.model.onnx_path, random_feeds(self.model, 4, seed=1))
 
     def ceiling(self, cand: Candidate, seconds: float = CEILING_S, warmup: float = 1.0) -> float | None:
         """What `cand`'s instances compute in process at the tuned concurrency, pinned as served, with no server,

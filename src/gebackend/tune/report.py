@@ -160,8 +160,9 @@ def markdown(data: Mapping) -> str:
            + (f"p99 ≤ {meta['latency_budget_ms']:g} ms" if meta.get("latency_budget_ms") else "none"),
            f"- perf_analyzer windows: screening {meta.get('screen')}, refining {meta.get('refine')}"]
     if meta.get("in_process_requests"):
-        out.append(f"- requests: {meta.get('input_data')}; in process (the precisions' timings, the winner's ceiling): "
-                   f"{meta['in_process_requests']}")
+        out.append(f"- requests: {meta.get('input_data')}; in process (the accuracy guard's cosine and timings, the "
+                   f"winner's ceiling): {meta['in_process_requests']}"
+                   + ("; static int8 calibrated on them" if meta.get("calibration") else ""))
     out += [f"- {note}" for note in meta.get("notes") or []]
     winner = next((r for r in data["candidates"] if r["key"] == data.get("winner")), None)
     out.append("")

@@ -38,6 +38,8 @@ class TunedModel:
     # padded up to the next (bucket_paddable_dims, checked at load); sent_dims then holds the longest shapes
     pad_dim: str = ""
     pad_lengths: tuple[int, ...] = ()
+    # the user's requests (--input-data, an absolute path) the static int8 rungs calibrate on ("" = seeded samples)
+    calibration: str = ""
 
     @classmethod
     def load(cls, model_dir: Path) -> "TunedModel":

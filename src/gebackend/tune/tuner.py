@@ -164,6 +164,15 @@ def in_process_requests(model: TunedModel, input_data: Path | None) -> tuple[lis
     return sent, f"{which}, in turn, as perf_analyzer sends them"
 
 
+def calibrated_on_requests(model: TunedModel, sent: list | None, input_data: Path | None) -> TunedModel:
+    """The model whose static int8 rungs calibrate on the user's requests (`calibration_data` = --input-data) where
+    they read as its inputs (`sent`) and its config names no calibration_data of its own: the requests it is measured
+    and its accuracy checked with, not seeded random samples."""
+    if sent is None or input_data is None or "calibration_data" in (model.config.get("parameters") or {}):
+        return model
+    return replace(model, calibration=str(input_data))
+
+
 def sent_dims(model: TunedModel, input_data: Path | None) -> str:
     """What static candidates compile where inputs have variable dims, and what happens to requests of other dims."""
     dims = "; ".join(f"{name} {list(d)}" for name, d in model.sent_dims.items())
@@ -226,6 +235,7 @@ def run(settings: TuneSettings, progress: Callable[[str], None] = _stderr) -> tu
     slow, favoured = slow_rungs(model), favoured_rungs(model)
     trim = trims(model, settings.input_data)
     sent, in_process = in_process_requests(model, settings.input_data)
+    model = calibrated_on_requests(model, sent, settings.input_data)
     from gebackend.compile.precision import quantized_nodes
 
     quantized = quantized_nodes(model.onnx_path)
@@ -245,7 +255,10 @@ def run(settings: TuneSettings, progress: Callable[[str], None] = _stderr) -> tu
     if trim:
         progress(f"tune: {trim}")
     if settings.input_data is not None:
-        progress(f"tune: in process (the precisions' timings, the winner's ceiling): {in_process}")
+        progress(f"tune: in process (the accuracy guard's cosine and timings, the winner's ceiling): {in_process}")
+    if model.calibration and any(dict(c.rung.parameters).get("quantization") == "static" for c in candidates):
+        progress(f"tune: static int8 calibrated on your requests (calibration_data={model.calibration}), not on "
+                 f"seeded random samples")
     if quantized:
         progress(f"tune: no int8 rungs: the file is quantized already ({quantized} quantization node(s)); `ge` serves "
                  f"it as its producer quantized it, which the origin rung measures")
@@ -292,7 +305,7 @@ def run(settings: TuneSettings, progress: Callable[[str], None] = _stderr) -> tu
             "static_problem": model.static_problem,
             "static_dims": static_dims,
             "input_data": str(settings.input_data) if settings.input_data else "seeded random requests",
-            "trim_padding": trim, "in_process_requests": in_process}
+            "trim_padding": trim, "in_process_requests": in_process, "calibration": model.calibration}
     data = report.summary(done, meta, reasons, text, ceiling)
     for verdict in ("peer_verdict", "engine_verdict", "ceiling_verdict"):
         if data[verdict]:
