@@ -150,12 +150,15 @@ def test_tune_with_padded_requests_cuts_them_in_every_candidate_and_the_winner(t
             "cuts each batch to its longest request (trim_padding=text, checked at load); static candidates, whose "
             "batch buckets keep the full length, are measured last") in done.stderr
     sent = "your 4 requests, in turn, as perf_analyzer sends them"
-    assert f"tune: in process (the precisions' timings, the winner's ceiling): {sent}" in done.stderr
+    assert f"tune: in process (the accuracy guard's cosine and timings, the winner's ceiling): {sent}" in done.stderr
     data = json.loads((out / "report.json").read_text())
     assert data["meta"]["input_data"] == str(requests) and "trim_padding=text" in data["meta"]["trim_padding"]
     assert data["meta"]["in_process_requests"] == sent and sent in (out / "report.md").read_text()
     guards = list((out / "repos").glob("accuracy-*/text/config.pbtxt"))  # timed cut, as the candidates are served
     assert guards and all(load_model_config(g)["parameters"]["trim_padding"]["string_value"] == "text" for g in guards)
+    assert data["meta"]["calibration"] == str(requests)  # static int8 calibrated on the requests measured with
+    for guard in (g for g in guards if "int8-static" in g.parent.parent.name):
+        assert load_model_config(guard)["parameters"]["calibration_data"]["string_value"] == str(requests)
     measured = [c for c in data["candidates"] if (out / "logs" / f"{c['key']}.serve.log").exists()]
     assert measured
     for c in measured:  # each candidate's server cut its batches (or, static, said why it could not)
