@@ -176,7 +176,7 @@ class Ceiling:
         perf_analyzer sends its --input-data entries, for `seconds` after `warmup`."""
         if self.instances > 1:
             return self._measure_in_processes(requests, concurrency, seconds, warmup)
-        feeds = RoundRobin(requests, start)
+        turns = RoundRobin(requests, start)
         waiting: queue.Queue = queue.Queue()
         stop = threading.Event()
         latencies: list[float] = []
@@ -207,7 +207,7 @@ class Ceiling:
 
         def client() -> None:
             while not stop.is_set():
-                pending = _Pending(feeds.take(), threading.Event())
+                pending = _Pending(turns.take(), threading.Event())
                 sent = time.perf_counter()
                 waiting.put(pending)
                 while not pending.done.wait(0.1):

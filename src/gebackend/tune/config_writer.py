@@ -49,8 +49,8 @@ WHAT = {  # what each chosen key does, the first line of its comment
                     "checked at load: served uncut if the outputs move)",
 }
 # the dimension (space.DIMENSIONS) whose measured reason each key's comment gives
-DIMENSION_OF = {"engine": "numerics", "precision_mode": "numerics", "calibration_data": "numerics", "static_model": "graph", "graph.ge.inputShape": "graph",
-                "graph.ge.dynamicDims": "graph", "bucket_fallback": "graph", "bucket_paddable_dims": "graph",
+DIMENSION_OF = {"engine": "numerics", "precision_mode": "numerics", "calibration_data": "numerics",
+                "static_model": "graph", "graph.ge.inputShape": "graph", "graph.ge.dynamicDims": "graph", "bucket_fallback": "graph", "bucket_paddable_dims": "graph",
                 "instance_group": "instances", "cores_per_instance": "instances",
                 "intra_op_thread_count": "instances", "dynamic_batching": "delay", "preferred_batch_size": "delay",
                 "max_queue_delay_microseconds": "delay"}
@@ -86,7 +86,7 @@ def chosen_parameters(model: TunedModel, cand: Candidate) -> dict[str, str]:
         params.update(model.length_buckets(cand.scenario.buckets))  # requests of several lengths: each padded up
         params["bucket_fallback"] = "dynamic"  # buckets at the dims requests sent: others still served
     params.update(dict(cand.rung.parameters))
-    if model.calibration and params.get("quantization") == "static":
+    if model.calibration and cand.rung.calibrated:
         params["calibration_data"] = model.calibration  # calibrated on the requests it was measured with
     return params
 

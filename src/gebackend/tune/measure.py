@@ -77,11 +77,12 @@ class BenchMeasurer:
         self.bench.dir = self.out  # the bench's logs/ and layout, directly in the tune folder
         (self.out / "logs").mkdir(parents=True, exist_ok=True)
         self.binary = perf_analyzer.find_perf_analyzer()
+        seeded = None if requests and input_data is not None else random_feeds(model)
         self.input_data = Path(input_data) if input_data is not None else \
-            perf_analyzer.write_input_data(self.out / "inputs.json", random_feeds(model))
+            perf_analyzer.write_input_data(self.out / "inputs.json", seeded)
         # what the in-process timings and ceiling send in turn: the user's requests (tune/requests.in_process) or the
         # seeded one perf_analyzer is given; `trim`: the accuracy guard's instance cuts padding as every candidate does
-        self.requests = list(requests) if requests else [random_feeds(model)]
+        self.requests = list(requests) if requests else [seeded]
         self.own_requests = bool(requests)  # the accuracy guard then compares with fp32 on them
         self.trim = trim
         self.configs: dict[str, str] = {}

@@ -43,6 +43,11 @@ class PrecisionRung:
     prior: int = 0  # lower: measured earlier
     what: str = ""  # one line for the winner's config comment
 
+    @property
+    def calibrated(self) -> bool:
+        """Static int8: quantized from calibration samples (`calibration_data`, else seeded ones)."""
+        return dict(self.parameters).get("quantization") == "static"
+
 
 PRECISIONS: tuple[PrecisionRung, ...] = (
     PrecisionRung("origin", "origin", ("onnxruntime", "openvino"), prior=0, what="the model's own precision (exact)"),

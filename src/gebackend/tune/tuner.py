@@ -256,7 +256,7 @@ def run(settings: TuneSettings, progress: Callable[[str], None] = _stderr) -> tu
         progress(f"tune: {trim}")
     if settings.input_data is not None:
         progress(f"tune: in process (the accuracy guard's cosine and timings, the winner's ceiling): {in_process}")
-    if model.calibration and any(dict(c.rung.parameters).get("quantization") == "static" for c in candidates):
+    if model.calibration and any(c.rung.calibrated for c in candidates):
         progress(f"tune: static int8 calibrated on your requests (calibration_data={model.calibration}), not on "
                  f"seeded random samples")
     if quantized:
