@@ -129,3 +129,42 @@ def test_a_quick_tune_whose_guess_screens_best_screens_nothing_more():
     s = SearchSettings(concurrency=2, rounds=1, finalists=2, time_budget_s=100_000, quick=True)
     done = Search(full_space(), m, s, budget=Budget(s.time_budget_s, clock)).run()
     assert len(set(m.started())) == 4 and not any("is not the guess" in note for note in done.notes)
+
+
+TIED = {("onnxruntime", "origin"): 50.0, ("openvino", "origin"): 45.0, ("openvino", "bf16"): 40.0,
+        ("onnxruntime", "int8"): 30.0, ("openvino", "int8-static"): 35.0, ("onnxruntime", "int8-static"): 29.0}
+
+
+def tied_search(int8_at_guess: float):
+    """ONNX Runtime's static and dynamic int8 tie in process (29 and 30 ms); the static one is the guess. Served at
+    1 instance x 2 cores they screen 188 and `int8_at_guess`; the best is the guess at 2 x 1 core (230), where the
+    dynamic int8 serves 270."""
+    class Measurer(FakeMeasurer):
+        def accuracy(self, engine, rung):
+            return replace(super().accuracy(engine, rung), run_ms=TIED[(engine, rung.name)])
+
+    clock = Clock()
+    m = Measurer(clock, throughput={"ort-static-int8-static-1x2-d0": 188.0, "ort-static-int8-1x2-d0": int8_at_guess,
+                                    "ort-static-int8-static-2x1-d0": 230.0, "ort-static-int8-2x1-d0": 270.0})
+    s = SearchSettings(concurrency=2, rounds=1, finalists=2, time_budget_s=100_000, quick=True)
+    return m, Search(full_space(), m, s, budget=Budget(s.time_budget_s, clock)).run()
+
+
+def test_a_quick_tune_steps_with_the_precisions_level_with_the_best_at_the_guess():
+    """Session 36's text-encoder tune: the dynamic int8, level with the static one where the guess put both, was never
+    screened at the layout where the static one won; now it is, and wins."""
+    m, done = tied_search(int8_at_guess=187.0)
+    started = m.started()
+    assert started[0] == "ort-static-int8-static-1x2-d0" and "ort-static-int8-1x2-d0" in started
+    assert started.index("ort-static-int8-static-2x1-d0") < started.index("ort-static-int8-2x1-d0")
+    assert done.winner.candidate.key == "ort-static-int8-2x1-d0"
+    assert any(note.startswith("quick: the best screened, onnxruntime static int8-static 2x1 core delay 0us, is not the "
+                               "guess: 3 more, one change of each dimension from it, and its place with onnxruntime "
+                               "int8, which screened level with its precision") for note in done.notes), done.notes
+
+
+def test_a_precision_well_below_the_best_at_the_guess_is_not_stepped_with_it():
+    m, done = tied_search(int8_at_guess=150.0)  # under 0.9 x 188
+    assert "ort-static-int8-2x1-d0" not in m.started()
+    assert done.winner.candidate.key == "ort-static-int8-static-2x1-d0"
+    assert any(note.endswith("is not the guess: 2 more, one change of each dimension from it") for note in done.notes)

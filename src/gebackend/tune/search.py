@@ -6,7 +6,8 @@
    candidates ("rejected: cosine X < Y"). Where the measurer also timed a request there, the rungs are screened
    fastest first and those under half the fastest's speed are pruned unserved (numerics_order.py). A quick tune
    then keeps the best guess by that order and one change of each dimension from it (space.quick_set); where
-   another of those screens best, one change of each dimension from that one too.
+   another of those screens best, one change of each dimension from that one too, and that one's place with the
+   precisions that screened level with its own (space.step_from).
 3. Screening: one short perf_analyzer window per candidate, nearest the best so far first: the fewest rank steps
    from it over the dimensions, prior order (space.py) among equals, so a rung that wins (int8 where the prior put
    the exact one first) has its instance layouts and delays measured next, before the other rungs' variations. One
@@ -178,22 +179,23 @@ class Search:
             self.progress(f"[quick] {line}")
 
     def _step_to_best(self) -> bool:
-        """A quick tune whose best screened candidate is not its guess (another engine or precision, measured faster
-        served than in process) screens one change of each dimension from that best too, as it did from the guess:
-        where the guess's own changes were all that was screened, the best's layout was never tried (ResNet-50 on an
-        AVX2 EPYC: OpenVINO's int8 beat ONNX Runtime's guessed one at 1 instance x 2 cores; 2 instances x 1 core,
-        the layout that wins with it there, was not screened). Whether more was added."""
+        """A quick tune whose best screened candidate is not its guess screens around that best too (space.step_from:
+        where the guess's own changes were all that was screened, the best's layout was never tried with the best's
+        precision, nor with those level with it). Whether more was added."""
         best = self.best()
         if best is None or self._guess is None or best.candidate.key == self._guess.key:
             return False
-        more = space.neighbours(self._held, best.candidate)
+        screened = [(o.candidate, o.screen.throughput) for o in self.outcomes if o.eligible and o.screen]
+        more = space.step_from(self._held, best.candidate, screened)
         if not more:
             return False
         self._held = [cand for cand in self._held if cand not in more]
         self.outcomes.extend(Outcome(cand) for cand in more)
         self.steps += len(more)
+        level = sorted({f"{c.scenario.engine} {c.rung.name}" for c in more if c.numerics != best.candidate.numerics})
         line = (f"quick: the best screened, {best.candidate.label}, is not the guess: {len(more)} more, one change of "
-                "each dimension from it")
+                "each dimension from it" + (f", and its place with {', '.join(level)}, which screened level with its "
+                                           "precision" if level else ""))
         self.notes.append(line)
         self.progress(f"[quick] {line}")
         return True

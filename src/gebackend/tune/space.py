@@ -258,6 +258,28 @@ def neighbours(pool: Sequence[Candidate], at: Candidate) -> list[Candidate]:
     return out
 
 
+LEVEL = 0.9  # a precision that screened within this share of another's infer/s, at one place, is level with it
+
+
+def step_from(held: Sequence[Candidate], best: Candidate, screened: Sequence[tuple[Candidate, float]]
+              ) -> list[Candidate]:
+    """What a quick tune screens next, from `held` (what its quick set left out), when its best screened candidate is
+    not its guess: one change of each dimension but the numerics from the best (`neighbours`; ResNet-50 on an AVX2
+    EPYC: OpenVINO's int8 beat ONNX Runtime's guessed one at 1 instance x 2 cores, and 2 x 1 core, where it wins,
+    had been screened with the guess only), then the best's place with each other precision that screened level with
+    the best's own (at least `LEVEL` of its infer/s, both at one place; `screened`: (candidate, infer/s) of those
+    measured). Two precisions that tie where the guess put them may part where the best is: ONNX Runtime's dynamic
+    and static int8 of the 4-layer CN_CLIP text encoder with padded captions on an AVX2 EPYC, 187 and 188 infer/s at
+    1 instance x 2 cores; the static one, stepped to 2 x 1 core, served 229, and the dynamic one, never screened
+    there, 269 in another tune."""
+    more = neighbours(held, best)
+    level = {other.numerics for cand, rate in screened if cand.numerics == best.numerics
+             for other, theirs in screened
+             if other.numerics != best.numerics and _one_change(other, cand, "numerics") and theirs >= LEVEL * rate}
+    return more + [cand for cand in held
+                   if cand.numerics in level and _one_change(cand, best, "numerics") and cand not in more]
+
+
 def _exact(cand: Candidate) -> bool:
     """Runs the model in its own precision: the rung a lowered guess is weighed against (it keeps a quick tune's last
     served place, so the report always says what the exact graph serves beside the lowered winner)."""
@@ -291,4 +313,4 @@ def peer(model: TunedModel, cores: int) -> Candidate:
 
 __all__ = ["DIMENSIONS", "PRECISIONS", "Candidate", "Favoured", "PrecisionRung", "accuracy_groups",
            "baseline", "buckets_for", "instance_layouts", "make_candidate", "neighbours", "numerics", "peer", "quick_set",
-           "space"]
+           "space", "step_from"]
