@@ -98,7 +98,12 @@ def test_the_in_process_timings_read_the_users_requests_or_say_why_not(tmp_path)
     model = tuned_model.TunedModel.load(_folder(tmp_path))
     rows = [_padded(9), _padded(17), _padded(12)]
     sent, said = tuner.in_process_requests(model, _requests(tmp_path, rows))
-    assert said == "your 3 requests, in turn, as perf_analyzer sends them"
+    assert said == ("your 3 requests, in turn, as perf_analyzer sends them (the accuracy guard compares on 1 seeded "
+                    "random one beside them: fewer than 4 are a thin check)")
+    four, said = tuner.in_process_requests(model, _requests(tmp_path, rows + rows[:1]))
+    assert len(four) == 4 and said == "your 4 requests, in turn, as perf_analyzer sends them"
+    _, said = tuner.in_process_requests(model, _requests(tmp_path, rows[:1]))
+    assert said.endswith("(the accuracy guard compares on 3 seeded random ones beside it: fewer than 4 are a thin check)")
     assert [feeds["text"].tolist() for feeds in sent] == [[row] for row in rows]  # batch dim 1: the model batches
     assert tuner.in_process_requests(model, None) == (None, "the seeded request perf_analyzer sends")
     none, why = tuner.in_process_requests(model, _requests(tmp_path, rows, name="ids"))
@@ -170,7 +175,9 @@ def test_static_int8_calibrates_on_the_users_requests_and_the_guard_compares_on_
         [r["text"][0].tolist() for r in requests]) or accuracy_on(ceiling, onnx_path, requests))
     measurer = measure.BenchMeasurer(calibrated, tmp_path / "out", 4, requests=sent, trim=True, min_cosine=0.99)
     check = measurer.accuracy("onnxruntime", by_rung["int8-static"].rung)
-    assert compared == [[_padded(9), _padded(17), _padded(12)]] and check.cosine > 0.99
+    # the user's 3 requests and a seeded random one beside them (fewer than 4 are a thin check)
+    assert compared[0][:3] == [_padded(9), _padded(17), _padded(12)] and len(compared) == 1 and check.cosine > 0.99
+    assert len(compared[0]) == 4 and len(compared[0][3]) == 52 and 0 not in compared[0][3][1:]  # seeded: no padding
     guard = load_model_config(next((tmp_path / "out" / "repos").glob("accuracy-*int8-static*/text/config.pbtxt")))
     assert guard["parameters"]["calibration_data"]["string_value"] == str(path)
     measurer.in_process_times()
@@ -178,4 +185,4 @@ def test_static_int8_calibrates_on_the_users_requests_and_the_guard_compares_on_
     seeded.accuracy("onnxruntime", by_rung["origin"].rung)
     seeded.in_process_times()
     assert len(compared) == 2 and len(compared[1]) == 4  # without the user's requests: 4 seeded random ones
-    assert not any(row in compared[0] for row in compared[1])
+    assert not any(row in compared[0][:3] for row in compared[1])

@@ -41,6 +41,7 @@ QUICK_REFINE = perf_analyzer.PerfSettings(measurement_interval_ms=1500, stabilit
 CEILING_S = 5.0  # the winner's in-process ceiling, after the search
 TIMING_S = 1.0  # the accuracy guard's timing of one request in process, per (engine, precision rung)
 ACCURACY_REQUESTS = 16  # the accuracy guard compares with fp32 on at most this many of the user's requests
+ACCURACY_LEAST = 4  # and on at least this many: seeded random ones make up the user's where fewer
 
 
 def random_feeds(model: TunedModel, batch: int = 1, seed: int = 0):
@@ -52,6 +53,14 @@ def random_feeds(model: TunedModel, batch: int = 1, seed: int = 0):
         dims = model.request_dims(t)
         shapes[t.name] = ((batch, *dims[1:]) if model.max_batch_size > 0 else dims)
     return feeds(model.onnx_path, shapes, seed=seed)
+
+
+def guard_requests(model: TunedModel, mine: list) -> list:
+    """What the accuracy guard compares with fp32 where the user's requests are given: the first `ACCURACY_REQUESTS`
+    of them, and seeded random ones beside them up to `ACCURACY_LEAST` where there are fewer (a file of one or two
+    requests is a thin check of a precision the tune may write into the winner's config)."""
+    mine = list(mine[:ACCURACY_REQUESTS])
+    return mine + [random_feeds(model, 1, seed=1 + i) for i in range(ACCURACY_LEAST - len(mine))]
 
 
 def request_ms(run, seconds: float = TIMING_S, least: int = 3) -> float:
@@ -83,7 +92,8 @@ class BenchMeasurer:
         # what the in-process timings and ceiling send in turn: the user's requests (tune/requests.in_process) or the
         # seeded one perf_analyzer is given; `trim`: the accuracy guard's instance cuts padding as every candidate does
         self.requests = list(requests) if requests else [seeded]
-        self.own_requests = bool(requests)  # the accuracy guard then compares with fp32 on them
+        # what the accuracy guard compares with fp32 on: the user's requests (guard_requests), else 4 seeded ones
+        self.guarded = guard_requests(model, self.requests) if requests else None
         self.trim = trim
         self.configs: dict[str, str] = {}
         self.fastest = paired_timing.FastestHeld(
@@ -121,10 +131,10 @@ class BenchMeasurer:
         return Check(cosine, self.fastest.offer(timed))  # the fastest stays loaded, a close one timed beside it
 
     def _accuracy(self, ceiling: inprocess.Ceiling) -> dict:
-        """The guard's comparison with fp32: on the user's requests (the first `ACCURACY_REQUESTS`) where given, which
-        the static int8 rungs are calibrated on too (TunedModel.calibration), else on 4 seeded random ones."""
-        if self.own_requests:
-            return inprocess.accuracy_on(ceiling, self.model.onnx_path, self.requests[:ACCURACY_REQUESTS])
+        """The guard's comparison with fp32: on the user's requests where given (`guard_requests`), which the static
+        int8 rungs are calibrated on too (TunedModel.calibration), else on 4 seeded random ones."""
+        if self.guarded is not None:
+            return inprocess.accuracy_on(ceiling, self.model.onnx_path, self.guarded)
         return inprocess.accuracy(ceiling, self.model.onnx_path, random_feeds(self.model, 4, seed=1))
 
     def ceiling(self, cand: Candidate, seconds: float = CEILING_S, warmup: float = 1.0) -> float | None:

@@ -159,9 +159,14 @@ def in_process_requests(model: TunedModel, input_data: Path | None) -> tuple[lis
         sent = requests.in_process(model.name, model.onnx_path, input_data, model.max_batch_size > 0)
     except ValueError as exc:
         return None, f"the seeded request, not yours: your requests could not be {exc}"
+    from gebackend.tune.measure import ACCURACY_LEAST
+
     which = f"the first {len(sent)} of your requests" if len(sent) == requests.IN_PROCESS_LIMIT else \
         f"your {len(sent)} request{'s' if len(sent) > 1 else ''}"
-    return sent, f"{which}, in turn, as perf_analyzer sends them"
+    short = ACCURACY_LEAST - len(sent)
+    beside = (f" (the accuracy guard compares on {short} seeded random one{'s' if short > 1 else ''} beside "
+              f"{'them' if len(sent) > 1 else 'it'}: fewer than {ACCURACY_LEAST} are a thin check)") if short > 0 else ""
+    return sent, f"{which}, in turn, as perf_analyzer sends them{beside}"
 
 
 def calibrated_on_requests(model: TunedModel, sent: list | None, input_data: Path | None) -> TunedModel:
