@@ -113,6 +113,26 @@ def test_the_in_process_timings_read_the_users_requests_or_say_why_not(tmp_path)
     assert len(many) == requests.IN_PROCESS_LIMIT and said.startswith(f"the first {requests.IN_PROCESS_LIMIT} of your")
 
 
+def test_the_tune_parses_its_input_data_once_and_again_only_when_it_changes(tmp_path, monkeypatch):
+    """The shapes the requests send, their padding and the in-process requests are read from one parse (a file of
+    many images was parsed three times); a file rewritten since is read again."""
+    model = tuned_model.TunedModel.load(_folder(tmp_path))
+    parsed = []
+    loads = json.loads
+    monkeypatch.setattr(json, "loads", lambda text, *a, **k: parsed.append(len(text)) or loads(text, *a, **k))
+    path = _requests(tmp_path, [_padded(9), _padded(17)])
+    model = model.with_requests(requests.read(path))
+    assert tuner.trims(model, path) and tuner.in_process_requests(model, path)[0] is not None
+    assert len(parsed) == 1
+    path = _requests(tmp_path, [_padded(9), _padded(17), _padded(30)])
+    sent, _ = tuner.in_process_requests(model, path)
+    assert len(sent) == 3 and len(parsed) == 2
+    assert requests.padding(path, "text") == (30, 52) and len(parsed) == 2
+    none, why = tuner.in_process_requests(model, tmp_path / "absent.json")
+    assert none is None and why.startswith("the seeded request, not yours: your requests could not be read: "
+                                           f"--input-data {tmp_path / 'absent.json'}: cannot read it")
+
+
 def test_the_accuracy_guard_times_and_the_ceiling_runs_the_users_requests_cut_as_served(tmp_path, monkeypatch):
     """Timed on the seeded full-length request, a rung's order and the winner's ceiling were those of requests
     nobody serves where the user's are cut: the guard's instance cuts padding as every candidate does, and both

@@ -93,15 +93,16 @@ def random_samples(model_path: Path, count: int, shapes: Mapping[str, Sequence[i
 
 
 def load_samples(model: str, model_path: Path, source: Path, batching: bool, limit: int | None = None,
-                 fixed: Mapping[str, np.ndarray] | None = None) -> list[Sample]:
+                 fixed: Mapping[str, np.ndarray] | None = None, entries: Sequence | None = None) -> list[Sample]:
     """The samples in `source` (a folder or a perf_analyzer JSON file), checked against the model's inputs; an input
-    in `fixed` (an optional input's default) that `source` leaves out gets that value, as a request would."""
+    in `fixed` (an optional input's default) that `source` leaves out gets that value, as a request would. `entries`:
+    the JSON file's "data" where the caller has parsed it already (the tune reads its --input-data once)."""
     fixed = fixed or {}
     inputs = _inputs(model_path)
     if source.is_dir():
         raw = _from_folder(model, source, inputs, fixed)
-    elif source.is_file():
-        raw = _from_json(model, source, inputs, batching, fixed, limit)
+    elif entries is not None or source.is_file():
+        raw = _from_json(model, source, inputs, batching, fixed, limit, entries)
     else:
         raise ModelLoadError(f"model '{model}': calibration_data {source} does not exist; expected a folder of "
                              f"<input>.npy or <input>/*.npy files, or a perf_analyzer --input-data JSON file")
@@ -172,14 +173,16 @@ def _from_folder(model: str, folder: Path, inputs: Sequence[_Input],
     return [{name: samples[k] for name, samples in per_input.items()} for k in range(count)]
 
 
-def _from_json(model: str, path: Path, inputs: Sequence[_Input], batching: bool,
-               fixed: Mapping[str, np.ndarray], limit: int | None = None) -> list[dict[str, tuple[np.ndarray, str]]]:
-    """The file's entries as samples, the first `limit` of them (the others are not decoded)."""
-    try:
-        document = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ModelLoadError(f"model '{model}': calibration_data {path} is not a readable JSON file: {exc}") from None
-    entries = document.get("data") if isinstance(document, dict) else None
+def _from_json(model: str, path: Path, inputs: Sequence[_Input], batching: bool, fixed: Mapping[str, np.ndarray],
+               limit: int | None = None, entries: Sequence | None = None) -> list[dict[str, tuple[np.ndarray, str]]]:
+    """The file's entries (parsed here unless given) as samples, the first `limit` of them (the others are not
+    decoded)."""
+    if entries is None:
+        try:
+            document = json.loads(path.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise ModelLoadError(f"model '{model}': calibration_data {path} is not a readable JSON file: {exc}") from None
+        entries = document.get("data") if isinstance(document, dict) else None
     if not isinstance(entries, list):
         raise ModelLoadError(f"model '{model}': calibration_data {path}: expected perf_analyzer's --input-data "
                              f'format, {{"data": [{{"INPUT": [...]}}, ...]}}')

@@ -13,9 +13,18 @@ import numpy as np
 IN_PROCESS_LIMIT = 64  # the in-process timings send at most this many of the user's requests (in turn)
 
 
+# the last file read, (path, mtime, size) -> its entries: the tune reads one file for several things (the shapes its
+# requests send, their padding, the in-process requests), a file of many images once
+_LAST: dict[tuple, list[dict]] = {}
+
+
 def read(path: Path) -> list[dict]:
     """The entries of a perf_analyzer --input-data file; ValueError naming the file and what is wrong."""
     try:
+        stat = Path(path).stat()
+        key = (str(Path(path).resolve()), stat.st_mtime_ns, stat.st_size)
+        if key in _LAST:
+            return _LAST[key]
         data = json.loads(Path(path).read_text(encoding="utf-8"))
     except OSError as exc:
         raise ValueError(f"--input-data {path}: cannot read it: {exc.strerror or exc}") from None
@@ -24,6 +33,8 @@ def read(path: Path) -> list[dict]:
     entries = data.get("data") if isinstance(data, dict) else None
     if not isinstance(entries, list) or not entries or not all(isinstance(e, dict) for e in entries):
         raise ValueError(f"--input-data {path}: expected perf_analyzer's format, {{\"data\": [{{INPUT: ...}}, ...]}}")
+    _LAST.clear()
+    _LAST[key] = entries
     return entries
 
 
@@ -60,6 +71,10 @@ def in_process(model_name: str, onnx_path: Path, path: Path, batching: bool, lim
     from gebackend.errors import ModelLoadError
 
     try:
-        return load_samples(model_name, Path(onnx_path), Path(path), batching, limit=limit)
+        entries = read(path)
+    except ValueError as exc:
+        raise ValueError(f"read: {exc}") from None
+    try:
+        return load_samples(model_name, Path(onnx_path), Path(path), batching, limit=limit, entries=entries)
     except ModelLoadError as exc:  # the reader is static int8's, which reads the same format as calibration_data
         raise ValueError(f"read as the model's inputs by the calibration reader, which says: {exc}") from None
