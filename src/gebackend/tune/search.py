@@ -192,7 +192,7 @@ class Search:
         self._held = [cand for cand in self._held if cand not in more]
         self.outcomes.extend(Outcome(cand) for cand in more)
         self.steps += len(more)
-        level = sorted({f"{c.scenario.engine} {c.rung.name}" for c in more if c.numerics != best.candidate.numerics})
+        level = sorted({c.describe("numerics") for c in more if c.numerics != best.candidate.numerics})
         line = (f"quick: the best screened, {best.candidate.label}, is not the guess: {len(more)} more, one change of "
                 "each dimension from it" + (f", and its place with {', '.join(level)}, which screened level with its "
                                            "precision" if level else ""))
