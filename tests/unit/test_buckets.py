@@ -102,6 +102,13 @@ def test_an_empty_paddable_axis_is_not_padded_up_to_a_bucket():
     assert [zero.buckets[c.bucket]["ids"] for c in zero.plan({"ids": (1, 0)})] == [(2, 0)]  # a bucket of 0 takes it
 
 
+def test_a_request_giving_a_paddable_dim_two_sizes_is_padded_nowhere():
+    router = text_router()
+    assert router.plan({"ids": (1, 5), "mask": (1, 7)}) is None  # cut back by which size? neither: the fallback runs
+    [chunk] = router.plan({"ids": (1, 8), "mask": (1, 8)})
+    assert router.buckets[chunk.bucket]["ids"] == (1, 8)
+
+
 def test_pad_and_unpad_round_trip():
     router = text_router()
     ids = np.arange(15, dtype=np.int64).reshape(3, 5) + 1

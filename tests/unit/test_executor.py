@@ -305,3 +305,15 @@ def test_an_empty_tensor_the_model_cannot_run_on_is_the_requests_fault_and_named
     message = str(results[0])
     assert "'boxes_first'" in message and "'boxes'" in message and "empty tensor" in message and "[1, 0, 4]" in message
     served.assert_matches_alone(good, results[1])
+
+
+def test_a_request_giving_one_dim_name_two_sizes_runs_and_a_failure_names_them(bert):
+    rng = np.random.default_rng(5)
+    request = _bert_request(rng, 2, 9)
+    request["attention_mask"] = request["attention_mask"][:, :7]  # 'sequence' 9 and 7: the model cannot add them
+    result = bert.executor.execute([request])[0]
+    assert isinstance(result, InvalidRequest), result
+    message = str(result)
+    assert "'bert_ge'" in message and "'sequence' = 7" in message and "'sequence' = 9" in message
+    good = _bert_request(rng, 1, 9)
+    bert.assert_matches_alone(good, bert.executor.execute([good])[0])

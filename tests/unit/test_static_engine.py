@@ -315,17 +315,51 @@ def test_an_unconvertible_old_opset_is_served_unfolded(tmp_path, monkeypatch):
                                rtol=1e-5, atol=1e-5)
 
 
-def test_a_dependency_error_while_building_is_a_load_error_naming_the_model(tmp_path, monkeypatch):
+def test_a_static_graph_the_engine_refuses_serves_the_dynamic_graph_with_one_warning(tmp_path, monkeypatch):
+    import gebackend.runtime.loader as loader
+
+    def refuses(*args, **kwargs):  # as ONNX Runtime refused a specialised file whose If holds an LSTM
+        raise IndexError("tuple index out of range")
+
+    monkeypatch.setattr(loader, "create_static_engine", refuses)
+    path = tmp_path / "model.onnx"
+    onnx.save(build_resnet(), str(path))
+    executor, log = _served(path, static=True, max_batch_size=2)
+    warnings = [line for line in log if "WARNING" in line]
+    assert len(warnings) == 1, log
+    assert "the static graph could not be built (IndexError: tuple index out of range)" in warnings[0]
+    assert "served on the dynamic graph" in warnings[0]
+    image = np.random.default_rng(4).standard_normal((2, 3, 64, 64)).astype(np.float32)
+    want = OrtEngine(path, BackendOptions()).run({"image": image}, ["logits"])[0]
+    np.testing.assert_allclose(_answer(executor, {"image": image})["logits"], want, rtol=1e-5, atol=1e-6)
+
+
+def test_a_free_dim_with_static_model_serves_the_dynamic_graph(tmp_path):
+    path = tmp_path / "model.onnx"
+    onnx.save(build_bert(), str(path))
+    executor, log = _served(path, static=True, max_batch_size=2)
+    warnings = [line for line in log if "WARNING" in line]
+    assert len(warnings) == 1 and "dim 1 ('sequence') is free and no bucket fixes it" in warnings[0], log
+    feeds = {"input_ids": np.ones((2, 5), np.int64), "attention_mask": np.ones((2, 5), np.int64)}
+    want = OrtEngine(path, BackendOptions()).run(feeds, ["pooler_output"])[0]
+    np.testing.assert_allclose(_answer(executor, feeds)["pooler_output"], want, rtol=1e-5, atol=1e-6)
+
+
+def test_a_model_neither_graph_can_build_is_a_load_error_naming_both(tmp_path, monkeypatch):
     import gebackend.runtime.loader as loader
 
     def crashes(*args, **kwargs):
         raise IndexError("tuple index out of range")
 
+    def refuses(*args, **kwargs):
+        raise ModelLoadError("engine=onnxruntime cannot load it")
+
     monkeypatch.setattr(loader, "create_static_engine", crashes)
+    monkeypatch.setattr(loader, "create_engine", refuses)
     path = tmp_path / "model.onnx"
     onnx.save(build_identity_fixed(), str(path))
     with pytest.raises(ModelLoadError, match=r"static graph mode could not build model 'm': IndexError: tuple index out "
-                                             r"of range; serve it with static_model=0"):
+                                             r"of range; nor could the dynamic graph: engine=onnxruntime cannot"):
         _served(path, static=True)
 
 

@@ -5,14 +5,16 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
+from onnx import TensorProto, helper
 
 from gebackend.config.onnx_signature import signature_of
 from gebackend.config.options import BackendOptions
 from gebackend.config.spec import build_model_spec
 from gebackend.errors import InvalidRequest
 from gebackend.modelzoo import build_bert, build_identity_fixed, build_resnet
-from gebackend.runtime.validation import validate_request
+from gebackend.runtime.validation import broken_tie, validate_request
 
 
 @pytest.fixture(scope="module")
@@ -150,13 +152,40 @@ def test_mismatched_batch_sizes(bert_spec):
     assert "'input_ids' (2)" in message
 
 
-def test_mismatched_sequence_dim(bert_spec):
-    message = _refused(bert_spec, _bert(rows=2, seq=7, mask_seq=9))
-    assert "'bert_ge'" in message
-    assert "'attention_mask'" in message and "'input_ids'" in message
-    assert "'sequence' is 9" in message
-    assert "'sequence' = 7" in message
-    assert "[2, 9]" in message
+def test_a_dim_name_given_two_sizes_is_not_refused_but_named(bert_spec):
+    # the file names both axes 'sequence': a hint, never a contract; the engine decides and broken_tie explains
+    request = _bert(rows=2, seq=7, mask_seq=9)
+    assert validate_request(bert_spec, request) is None
+    note = broken_tie(bert_spec, request)
+    assert "'attention_mask'" in note and "'input_ids'" in note
+    assert "'sequence' = 9" in note and "'sequence' = 7" in note and "[2, 9]" in note
+    assert broken_tie(bert_spec, _bert(rows=2, seq=7)) is None
+
+
+def _placeholder_classifier(dim: str = "?", opset: int = 13) -> onnx.ModelProto:
+    """paddle2onnx's direction classifier's signature: x: [?, 3, ?, ?], every free axis named '?'."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [dim, 3, dim, dim])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [dim, 3])
+    node = helper.make_node("ReduceMean", ["x"], ["y"], axes=[2, 3], keepdims=0)
+    return helper.make_model(helper.make_graph([node], "cls", [x], [y]), opset_imports=[helper.make_opsetid("", opset)])
+
+
+@pytest.mark.parametrize("dim", ["?", "unk__7", "p2o.DynamicDimension.0", "DynamicDimension.1"])
+def test_placeholder_dim_names_tie_nothing(dim):
+    spec = build_model_spec({"name": "ocr_cls", "max_batch_size": 4}, signature_of(_placeholder_classifier(dim)),
+                            Path("c.onnx"), BackendOptions())
+    assert spec.input("x").labels == (None, None, None)
+    request = {"x": np.zeros((4, 3, 48, 192), np.float32)}
+    assert validate_request(spec, request) is None and broken_tie(spec, request) is None
+
+
+def test_the_configs_dims_win_over_the_files_names(bert_spec):
+    config = {"name": "bert_ge", "max_batch_size": 4,
+              "input": [{"name": "input_ids", "dims": [16]}, {"name": "attention_mask", "dims": [-1]}]}
+    spec = build_model_spec(config, signature_of(build_bert()), Path("b.onnx"), BackendOptions())
+    assert spec.input("input_ids").labels == (None,)  # fixed by the config: no name to tie
+    assert spec.input("attention_mask").labels == ("sequence",)
+    assert broken_tie(spec, _bert(rows=1, seq=16, mask_seq=9)) is None
 
 
 def test_a_batch_of_no_rows_is_refused(bert_spec):
@@ -189,7 +218,7 @@ def test_the_validator_remembers_each_signature_and_says_the_same(bert_spec, mon
     calls = []
     real = validation.validate_request
     monkeypatch.setattr(validation, "validate_request", lambda spec, inputs: calls.append(1) or real(spec, inputs))
-    bad = _bert(mask_seq=8)
+    bad = _bert(rows=2, mask_rows=3)
     messages = []
     for _ in range(3):
         checker.check(_bert(2, 7))  # valid: no exception

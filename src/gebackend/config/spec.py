@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from gebackend.config import dtypes
+from gebackend.config.dim_names import meaningful
 from gebackend.config.index_bounds import IndexBound, LengthLimit
 from gebackend.config.onnx_signature import Dim, OnnxTensor, Signature
 from gebackend.config.options import BackendOptions, model_parameters, parse_options
@@ -21,7 +22,7 @@ from gebackend.config import ragged as ragged_config
 from gebackend.config import sequence as sequence_config
 from gebackend.config.ragged import RaggedSpec
 from gebackend.config.sequence import SequenceSpec
-from gebackend.config.static_shapes import Shapes, check_paddable, compiled_shapes
+from gebackend.config.static_shapes import FreeDims, Shapes, check_paddable, compiled_shapes
 from gebackend.errors import ConfigError
 
 _SCHEDULERS = ("dynamic_batching", "sequence_batching", "ensemble_scheduling")
@@ -34,7 +35,9 @@ class TensorSpec:
     name: str
     dtype: dtypes.DType
     dims: tuple[int, ...]  # -1: any size
-    labels: tuple[str | None, ...]  # the ONNX dim_param of each dim, to check named dims agree across inputs
+    # the ONNX dim_param of each free dim where it names one (config/dim_names.py): a hint for bucket planning and
+    # padding, never a reason to refuse a request; None where config.pbtxt fixes the dim or the name is a placeholder
+    labels: tuple[str | None, ...]
     # A rank-0 tensor of a model without batching: the dims clients send and get ([1]; Triton has no scalars and
     # refuses an empty reshape there); the adapter turns it into the scalar the model sees and back. None otherwise.
     wire_dims: tuple[int, ...] | None = None
@@ -85,6 +88,9 @@ class ModelSpec:
     # the file in the model repository when `path` is a copy or a lowering of it: what is kept or looked up beside
     # the model (the precision cache, a relative calibration_data) goes by this file (`home`)
     source: Path | None = None
+    # why static graph mode, asked for, does not apply (a free input dim no bucket fixes): the model is served on the
+    # dynamic graph and the load line says so; "" otherwise
+    static_note: str = ""
 
     @property
     def home(self) -> Path:
@@ -183,7 +189,7 @@ def _merge_tensor(model: str, kind: str, entry: Mapping[str, Any] | None, tensor
                 )
             merged.append(o if isinstance(o, int) else c)
         dims = tuple(merged)
-    labels = tuple(d if isinstance(d, str) else None for d in onnx_dims)
+    labels = tuple(meaningful(o) if isinstance(o, str) and d == -1 else None for o, d in zip(onnx_dims, dims))
     return TensorSpec(tensor.name, tensor.dtype, dims, labels, bound=tensor.bound, limits=tensor.limits)
 
 
@@ -282,10 +288,13 @@ def build_model_spec(
     if result.ragged is not None and (static.static_model or static.input_shape or static.dynamic_dims):
         raise ConfigError(f"model '{name}': ragged batching (allow_ragged_batch, batch_input) runs on the dynamic "
                           f"graph only; remove static_model / the shape buckets")
-    shapes = compiled_shapes(name, result.max_batch_size, result.inputs, options)
+    try:
+        shapes, note = compiled_shapes(name, result.max_batch_size, result.inputs, options), ""
+    except FreeDims as exc:
+        shapes, note = [], str(exc)
     check_paddable(name, result.inputs, options)
     return ModelSpec(name, path, result.max_batch_size, result.inputs, result.outputs, options, tuple(shapes),
-                     result.sequence, result.ragged, None if source == path else source)
+                     result.sequence, result.ragged, None if source == path else source, note)
 
 
 def shapes_from_config(config: Mapping, signature: Signature) -> list[Shapes]:

@@ -4,7 +4,10 @@
 model batches), with `-1` for every dim a bucket fills in; `graph.ge.dynamicDims="1,224,224;8,224,224"`
 lists the buckets, one value per `-1` in the order they appear, buckets separated by `;`. Several
 inputs are separated by `;` in inputShape. Without buckets, `static_model=1` compiles the shapes
-config.pbtxt fixes, with batch sizes 1, 2, 4, ... up to max_batch_size when the model batches.
+config.pbtxt fixes, with batch sizes 1, 2, 4, ... up to max_batch_size when the model batches; where an input dim is
+free and no bucket fixes it, there is nothing to compile and the model is served on the dynamic graph (`FreeDims`).
+The file's dim names are hints (config/dim_names.py): a bucket giving one name two sizes is compiled as written, and
+the engine decides.
 """
 
 from __future__ import annotations
@@ -19,6 +22,11 @@ if TYPE_CHECKING:  # spec.py builds on this module: no import back at run time
     from gebackend.config.spec import TensorSpec
 
 Shapes = dict[str, tuple[int, ...]]  # input name -> full shape (batch dim included when batching)
+
+
+class FreeDims(ConfigError):
+    """static_model=1 on a model with a free input dim that no bucket fixes: nothing to compile, so the model is
+    served on the dynamic graph (`ModelSpec.static_note` keeps this message for the load line)."""
 
 
 def _ints(model: str, key: str, text: str) -> list[int]:
@@ -72,7 +80,6 @@ def _check_bucket(model: str, number: int, bucket: Shapes, inputs: Sequence[Tens
             raise ConfigError(f"model '{model}': graph.ge.inputShape names input '{name}', but the model's inputs are {sorted(names)}")
     batch = next(iter(bucket.values()))[0] if batching else None
     full: Shapes = {}
-    labels: dict[str, tuple[int, str]] = {}
     for tensor in inputs:
         offset = 1 if batching else 0
         shape = bucket.get(tensor.name)
@@ -92,13 +99,9 @@ def _check_bucket(model: str, number: int, bucket: Shapes, inputs: Sequence[Tens
             if shape[0] != batch:
                 raise ConfigError(f"{where}, whose batch {shape[0]} differs from the other inputs' ({batch})")
         last = len(shape) - 1
-        for axis, (want, label, got) in enumerate(zip(tensor.dims, tensor.labels, shape[offset:]), start=offset):
+        for axis, (want, got) in enumerate(zip(tensor.dims, shape[offset:]), start=offset):
             if want != -1 and got != want and not (axis == last and tensor.name in shorter and got < want):
                 raise ConfigError(f"{where}, but dim {axis} is fixed to {want}")
-            if label is not None:
-                seen = labels.setdefault(label, (got, tensor.name))
-                if seen[0] != got:
-                    raise ConfigError(f"{where}, but its dim '{label}' ({got}) differs from input '{seen[1]}' ({seen[0]})")
         for limit in tensor.limits:
             if shape[limit.axis] > limit.most:
                 raise ConfigError(f"{where}, but dim {limit.axis} may be at most {limit.describe()}")
@@ -126,10 +129,11 @@ def compiled_shapes(model: str, max_batch_size: int, inputs: Sequence[TensorSpec
             for axis, (dim, label) in enumerate(zip(tensor.dims, tensor.labels)):
                 if dim == -1:
                     shown = f" ('{label}')" if label else ""
-                    raise ConfigError(
-                        f"model '{model}': static_model=1 needs every input shape fixed, but input '{tensor.name}' "
-                        f"dim {axis + (1 if max_batch_size > 0 else 0)}{shown} is unresolved; fix it with dims in "
-                        f"config.pbtxt, or compile shape buckets with graph.ge.inputShape and graph.ge.dynamicDims"
+                    raise FreeDims(
+                        f"static_model=1 needs every input shape fixed, but input '{tensor.name}' dim "
+                        f"{axis + (1 if max_batch_size > 0 else 0)}{shown} is free and no bucket fixes it, so the "
+                        f"model is served on the dynamic graph; fix it with dims in config.pbtxt, or compile shape "
+                        f"buckets with graph.ge.inputShape and graph.ge.dynamicDims"
                     )
         if max_batch_size > 0:
             checked = [{t.name: (b,) + t.dims for t in inputs} for b in _batch_sizes(max_batch_size)]

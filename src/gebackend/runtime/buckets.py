@@ -153,7 +153,7 @@ class BucketRouter:
         return chosen
 
     # -- routing -------------------------------------------------------------------------------
-    def _fits(self, bucket: Shapes, shapes: Shapes) -> bool:
+    def _fits(self, bucket: Shapes, shapes: Shapes, pad: bool = True) -> bool:
         start = 1 if self.batching else 0
         for name, shape in shapes.items():
             target = bucket.get(name)
@@ -161,7 +161,7 @@ class BucketRouter:
                 return False
             for axis in range(start, len(shape)):
                 # an empty axis is not padded: the bucket's run would be all padding, nothing of the request's
-                paddable = axis in self._pad_axes.get(name, ()) and target[axis] > shape[axis] > 0
+                paddable = pad and axis in self._pad_axes.get(name, ()) and target[axis] > shape[axis] > 0
                 if target[axis] != shape[axis] and not paddable:
                     return False
         return True
@@ -180,7 +180,8 @@ class BucketRouter:
         return chunks
 
     def _plan(self, shapes: Shapes) -> list[Chunk] | None:
-        candidates = [i for i, b in enumerate(self.buckets) if self._fits(b, shapes)]
+        pad = self._paddable_dims_agree(shapes)
+        candidates = [i for i, b in enumerate(self.buckets) if self._fits(b, shapes, pad)]
         if not candidates:
             return None
         if not self.batching:
@@ -202,6 +203,17 @@ class BucketRouter:
                 chunks.append(Chunk(by_batch[position], start, start + take))
                 start += take
         return chunks
+
+    def _paddable_dims_agree(self, shapes: Shapes) -> bool:
+        """Whether every paddable dim name has one size across the request's axes that carry it: the outputs are cut
+        back by that size, so a request giving it two sizes is padded nowhere (it runs on an exact bucket or the
+        fallback)."""
+        sizes: dict[str, int] = {}
+        for name, shape in shapes.items():
+            for axis, label in enumerate(self._input_labels.get(name, ())):
+                if label in self.paddable and axis < len(shape) and sizes.setdefault(label, shape[axis]) != shape[axis]:
+                    return False
+        return True
 
     def batch_of(self, index: int) -> int:
         return self._batch[index]

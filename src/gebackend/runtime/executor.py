@@ -2,7 +2,8 @@
 
 A bad request fails alone: it is answered with its own error while the others in the same
 batch still run. If a batched run fails, its requests are retried one by one, so one request
-whose values the engine rejects cannot take its neighbours down with it.
+whose values the engine rejects cannot take its neighbours down with it. A request the engine fails that gives
+two sizes to one dim name of the file is answered as the request's fault, naming both inputs.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from gebackend.runtime import batching
 from gebackend.runtime.ragged import RaggedBatch
 from gebackend.engines.base import Engine
 from gebackend.runtime.runners import DynamicRunner, InternalError
-from gebackend.runtime.validation import RequestValidator
+from gebackend.runtime.validation import RequestValidator, broken_tie
 
 Tensors = Mapping[str, np.ndarray]
 Result = Union[dict, GeBackendError]  # the outputs of one request, or why it failed
@@ -85,6 +86,10 @@ class Executor:
             feeds, sizes = self._concat(group)
             return batching.split(self._run(feeds), sizes)
         except GeBackendError as exc:
+            if len(group) == 1 and isinstance(exc, InternalError):
+                tie = broken_tie(self.spec, group[0])
+                if tie is not None:  # the likely cause is the request's: say so, as a 400
+                    return [InvalidRequest(f"{exc}; {tie}")]
             return [exc] * len(group)
 
     def _run(self, feeds: Tensors) -> dict[str, np.ndarray]:

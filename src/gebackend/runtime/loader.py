@@ -1,5 +1,9 @@
 """Builds what a `ModelSpec` asks for: a dynamic engine, or static graphs compiled per shape behind a bucket router.
 
+Static graph mode never fails where dynamic mode loads: a model whose static graph cannot be built (a pass, shape
+inference or the engine refusing the specialised file), or that static_model=1 cannot fix (a free input dim no bucket
+fixes), is served on the dynamic graph, and the load log says why in one warning.
+
 With `precision_mode` int8 (any engine) or fp16 on ONNX Runtime, the model is lowered first (compile/precision.py,
 int8 static: compile/quantize_static.py), once per model version and options: the lowered file is cached for every
 instance and restart (compile/precision_cache.py), and it is what the engines load, in both graph modes. The same
@@ -180,6 +184,8 @@ def _build(spec: ModelSpec, providers: Sequence, log: Callable[[str], None],
            fp32: Path | None = None, lending=None) -> tuple[Executor, str]:
     output_names = [t.name for t in spec.outputs]
     if not spec.static:
+        if spec.static_note:
+            log(f"static graph mode: WARNING {spec.static_note}")
         engine = create_engine(spec, providers)
         lost = engine.lost_inputs([t.name for t in spec.inputs])
         if lost:
@@ -189,18 +195,28 @@ def _build(spec: ModelSpec, providers: Sequence, log: Callable[[str], None],
         own = DynamicRunner(spec.name, engine, output_names)
         runner = own if lending is None else _lending_runner(spec, providers, own, lending, output_names, log)
         lent = f"; {lending.describe()}" if runner is not own else ""
-        return Executor(spec, runner), f"dynamic graph, {engine.describe()}{lent}"
+        graph = "dynamic graph (static graph not used: see the warning above)" if spec.static_note else "dynamic graph"
+        return Executor(spec, runner), f"{graph}, {engine.describe()}{lent}"
     try:
         return _static_executor(spec, providers, log, output_names, fp32)
-    except GeBackendError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - never a dependency's traceback as the reason a load failed
-        from gebackend.compile.specialize import describe_error
+    except Exception as exc:  # noqa: BLE001 - any failure to build the static graph: the dynamic graph serves
+        return _dynamic_instead(spec, providers, log, fp32, exc)
 
-        raise ModelLoadError(
-            f"static graph mode could not build model '{spec.name}': {describe_error(exc)}; serve it with "
-            f"static_model=0 (dynamic graph mode) and report this model"
-        ) from None
+
+def _dynamic_instead(spec: ModelSpec, providers: Sequence, log: Callable[[str], None], fp32: Path | None,
+                     failure: Exception) -> tuple[Executor, str]:
+    """The dynamic graph serving a model whose static graph could not be built (a pass, shape inference or the engine
+    refused the specialised file), with one warning naming the cause; the static graph's error where the dynamic
+    graph cannot be built either."""
+    from gebackend.compile.specialize import describe_error
+
+    why = str(failure) if isinstance(failure, GeBackendError) else describe_error(failure)
+    note = f"the static graph could not be built ({why}), so the model is served on the dynamic graph"
+    try:
+        return _build(dataclasses.replace(spec, static_shapes=(), static_note=note), providers, log, fp32)
+    except GeBackendError as exc:
+        raise ModelLoadError(f"static graph mode could not build model '{spec.name}': {why}; nor could the dynamic "
+                             f"graph: {exc}") from None
 
 
 def _lendable(spec: ModelSpec, providers: Sequence, lending, log: Callable[[str], None]):

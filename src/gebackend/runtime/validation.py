@@ -4,7 +4,9 @@ Every failure is an `InvalidRequest` whose message names the model, the input, w
 expected and what was sent, so a client can fix its request from the message alone. An empty tensor (a dim of 0
 where the model's dims allow any length: no boxes for a post-processing model) is a request like any other, as on
 Triton's onnxruntime backend: the engine decides whether the model computes on it (runtime/runners.py says which
-input was empty when it does not); only a batch of 0 rows is refused here.
+input was empty when it does not); only a batch of 0 rows is refused here. Likewise a dim name the file gives two
+axes is no contract (config/dim_names.py): a request giving them two sizes runs, and only where the engine then
+fails does the answer add what the names suggest (`broken_tie`).
 
 The verdict depends only on the request's input names, data types and shapes, which repeat from request
 to request, so `RequestValidator` keeps it per signature: measured on a 2-input model, checking a request
@@ -83,6 +85,25 @@ def check_values(model: str, bounded: Sequence[tuple[str, IndexBound]], inputs: 
                 f"the rows of a table in the model, so its values must be in {bound.describe()}")
 
 
+def broken_tie(spec: ModelSpec, inputs: Mapping[str, np.ndarray]) -> str | None:
+    """Where the request gives one dim name of the file two sizes, a phrase saying so, else None. Never a reason to
+    refuse (the file's names are hints: config/dim_names.py); it explains a run the engine then fails."""
+    offset = 1 if spec.batching else 0
+    named: dict[str, tuple[int, str]] = {}  # dim label -> (size, input that set it)
+    for tensor in spec.inputs:
+        array = inputs.get(tensor.name)
+        if array is None or getattr(array, "ndim", -1) != len(tensor.dims) + offset:
+            continue
+        for label, got in zip(tensor.labels, array.shape[offset:]):
+            if label is None:
+                continue
+            seen = named.setdefault(label, (got, tensor.name))
+            if seen[0] != got:
+                return (f"input '{tensor.name}' has dim '{label}' = {got} (shape sent {_fmt(array.shape)}) but input "
+                        f"'{seen[1]}' has '{label}' = {seen[0]}, and the ONNX file names both '{label}'")
+    return None
+
+
 def validate_request(spec: ModelSpec, inputs: Mapping[str, np.ndarray]) -> None:
     """Raise `InvalidRequest` unless `inputs` can run on the model described by `spec`."""
     model = spec.name
@@ -94,7 +115,6 @@ def validate_request(spec: ModelSpec, inputs: Mapping[str, np.ndarray]) -> None:
     if missing:
         raise InvalidRequest(f"model '{model}': input {missing[0]!r} is missing; the model needs {expected_names}")
 
-    named: dict[str, tuple[int, str]] = {}  # dim label -> (size, input that set it)
     batch_size: tuple[int, str] | None = None
     for tensor in spec.inputs:
         if tensor.name not in inputs:  # an optional input left out: the model runs on its default
@@ -126,13 +146,6 @@ def validate_request(spec: ModelSpec, inputs: Mapping[str, np.ndarray]) -> None:
                     f"{where}: expected shape {_expected_shape(spec, tensor)}, got {_fmt(array.shape)} "
                     f"(dim {axis + offset} must be {want})"
                 )
-            if label is not None:
-                seen = named.setdefault(label, (got, tensor.name))
-                if seen[0] != got:
-                    raise InvalidRequest(
-                        f"{where}: dim '{label}' is {got} but input '{seen[1]}' has '{label}' = {seen[0]}; "
-                        f"they must be equal (shape sent {_fmt(array.shape)})"
-                    )
         for limit in tensor.limits:  # an axis whose length numbers the rows of a table (config/index_bounds.py)
             if array.shape[limit.axis] > limit.most:
                 raise InvalidRequest(f"{where}: dim {limit.axis} is {array.shape[limit.axis]} (shape sent "
