@@ -69,6 +69,43 @@ def test_config_buckets_give_the_shapes(tmp_path, capsys):
     assert "compiles 2 shape set(s); analysing the first" in out
     assert "shapes: input_ids=[1, 16], attention_mask=[1, 16]" in out
     assert "first node where static breaks: none" in out
+    assert "graph mode at load: static graph, 2 shape set(s), each built on ONNX Runtime" in out
+
+
+def _bert_folder(tmp_path, config: str):
+    model_dir = tmp_path / "bert"
+    (model_dir / "1").mkdir(parents=True)
+    onnx.save(build_bert(), model_dir / "1" / "model.onnx")
+    (model_dir / "config.pbtxt").write_text(config)
+    return model_dir / "1" / "model.onnx", model_dir / "config.pbtxt"
+
+
+def test_static_model_with_a_free_dim_reports_the_dynamic_graph_the_load_serves(tmp_path, capsys):
+    model, config = _bert_folder(tmp_path, 'backend: "ge"\nmax_batch_size: 4\n'
+                                           'parameters { key: "static_model" value: { string_value: "1" } }\n')
+    code = main(["analyze", str(model), "--config", str(config)])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "compiles 0 shape set(s)" in out
+    assert ("graph mode at load: dynamic graph: static_model=1 needs every input shape fixed, but input 'input_ids' "
+            "dim 1 ('sequence') is free and no bucket fixes it") in out
+
+
+def test_a_static_graph_onnx_runtime_refuses_reports_the_fallback(tmp_path, capsys, monkeypatch):
+    import onnxruntime as ort
+
+    def refuses(*args, **kwargs):
+        raise RuntimeError("[ONNXRuntimeError] : 1 : FAIL : Node (If_0) Op (If) [TypeInferenceError]")
+
+    monkeypatch.setattr(ort, "InferenceSession", refuses)
+    model, config = _bert_folder(tmp_path, 'backend: "ge"\nmax_batch_size: 2\n'
+                                           'input [ { name: "input_ids", dims: [ 8 ] }, { name: "attention_mask", dims: [ 8 ] } ]\n'
+                                           'parameters { key: "static_model" value: { string_value: "1" } }\n')
+    code = main(["analyze", str(model), "--config", str(config), "--json"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    mode = json.loads(out)["graph_mode_at_load"]
+    assert mode.startswith("dynamic graph: the static graph could not be built (") and "TypeInferenceError" in mode
 
 
 def test_missing_file_exits_2(tmp_path, capsys):

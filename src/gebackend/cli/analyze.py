@@ -73,14 +73,39 @@ def _load(path: Path) -> onnx.ModelProto:
         raise ConfigError(f"cannot read ONNX file {path}: {type(exc).__name__}: {exc}") from None
 
 
-def _config_shapes(path: Path, model: onnx.ModelProto) -> tuple[dict[str, tuple[int, ...]], int]:
-    """The first shape set the config compiles, and how many there are."""
+def _config_shapes(path: Path, model: onnx.ModelProto) -> tuple[list[dict[str, tuple[int, ...]]], str]:
+    """The shape sets the config compiles, and why static graph mode does not apply where nothing can be."""
     from gebackend.config.onnx_signature import signature_of
     from gebackend.config.pbtxt import load_model_config
     from gebackend.config.spec import shapes_from_config  # imported on use
 
-    shape_sets = shapes_from_config(load_model_config(path), signature_of(model))
-    return (dict(shape_sets[0]) if shape_sets else {}), len(shape_sets)
+    shape_sets, note = shapes_from_config(load_model_config(path), signature_of(model))
+    return [dict(s) for s in shape_sets], note
+
+
+def _graph_mode_at_load(model_path: Path, shape_sets, note: str, size_limit: int | None) -> str:
+    """The graph mode a load of this config takes on ONNX Runtime, as the loader decides it (runtime/loader.py):
+    static where every shape set compiles and ONNX Runtime builds each graph, else the dynamic graph, and why."""
+    import onnxruntime as ort
+
+    from gebackend.compile.pipeline import compile_static
+    from gebackend.compile.specialize import describe_error
+
+    if note:
+        return f"dynamic graph: {note}"
+    if not shape_sets:
+        return "dynamic graph (the config asks for no static graph)"
+    try:
+        graphs, _ = compile_static(model_path, shape_sets, size_limit)
+        options = ort.SessionOptions()
+        options.log_severity_level = 3
+        for graph in graphs:
+            ort.InferenceSession(graph.model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    except Exception as exc:  # noqa: BLE001 - what the load would fall back on, said as the load says it
+        why = str(exc) if isinstance(exc, GeBackendError) else describe_error(exc)
+        return (f"dynamic graph: the static graph could not be built ({why}), so the model is served on the "
+                f"dynamic graph")
+    return f"static graph, {len(shape_sets)} shape set(s), each built on ONNX Runtime"
 
 
 def _save(model: onnx.ModelProto, path: Path) -> None:
@@ -95,9 +120,11 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
     try:
         model = _load(args.model)
         shapes: dict[str, tuple[int, ...]] = {}
-        shape_sets = None
+        shape_sets = graph_mode = None
         if args.config is not None:
-            shapes, shape_sets = _config_shapes(args.config, model)
+            sets, note = _config_shapes(args.config, model)
+            shapes, shape_sets = (dict(sets[0]) if sets else {}), len(sets)
+            graph_mode = _graph_mode_at_load(args.model, sets, note, args.size_limit)
         shapes.update(parse_shape(s) for s in args.shape)
         report = analyze(model, shapes or None, size_limit=args.size_limit)
         fixed = None
@@ -119,6 +146,7 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
         result["model"] = str(args.model)
         if shape_sets is not None:
             result["compiled_shape_sets"] = shape_sets
+            result["graph_mode_at_load"] = graph_mode
         if fixed is not None:
             result["fix"] = fixed
         if precision is not None:
@@ -129,6 +157,7 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
     print(f"model: {args.model}")
     if shape_sets is not None:
         print(f"config {args.config} compiles {shape_sets} shape set(s)" + ("; analysing the first" if shape_sets else ""))
+        print(f"graph mode at load: {graph_mode}")
     print(report.format_text())
     if fixed is not None:
         print(f"wrote {args.fix}: folding removed {fixed['removed_nodes']} node(s)")

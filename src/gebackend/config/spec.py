@@ -297,9 +297,13 @@ def build_model_spec(
                      result.sequence, result.ragged, None if source == path else source, note)
 
 
-def shapes_from_config(config: Mapping, signature: Signature) -> list[Shapes]:
-    """The compiled shapes of a config.pbtxt (as a dict) for an ONNX signature, for `gebackend analyze`."""
+def shapes_from_config(config: Mapping, signature: Signature) -> tuple[list[Shapes], str]:
+    """The compiled shapes of a config.pbtxt (as a dict) for an ONNX signature, for `gebackend analyze`, and why
+    static graph mode does not apply where it was asked for and nothing can be compiled ("" otherwise)."""
     name = config.get("name", "model")
     options = parse_options(name, {}, model_parameters(config), config).options
     result = reconcile(name, config, signature, options.default_max_batch_size)
-    return compiled_shapes(name, result.max_batch_size, result.inputs, options)
+    try:
+        return compiled_shapes(name, result.max_batch_size, result.inputs, options), ""
+    except FreeDims as exc:
+        return [], str(exc)
