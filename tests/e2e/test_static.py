@@ -114,11 +114,12 @@ def test_fallback_runs_unmatched_shapes_dynamically(server, repository):
     assert_same(infer(server, "http", "bert_ge_fallback", feeds), reference(repository, "bert_ge", feeds))
 
 
-def test_static_with_unresolved_dims_is_refused_at_load_with_the_fix(server):
-    failed = re.search(r"model 'bert_static_unresolved' failed to load: (.*)", server.output())
-    assert failed, server.output()[-3000:]
-    reason = failed.group(1)
-    assert "input 'input_ids' dim 1 ('sequence') is unresolved" in reason
-    assert "graph.ge.inputShape" in reason
-    _, client = client_for(server, "http")
-    assert client.is_model_ready("bert_ge_static") and not client.is_model_ready("bert_static_unresolved")
+def test_static_with_a_free_dim_serves_the_dynamic_graph_and_says_how_to_fix(server, repository):
+    out = server.output()
+    warned = re.search(r"model 'bert_static_unresolved': static graph mode: WARNING (.*)", out)
+    assert warned, out[-3000:]
+    assert "input 'input_ids' dim 1 ('sequence') is free and no bucket fixes it" in warned.group(1)
+    assert "graph.ge.inputShape" in warned.group(1)
+    assert re.search(r"model 'bert_static_unresolved' instance .* dynamic graph \(static graph not used", out), out[-3000:]
+    feeds = example_feeds("bert_ge", np.random.default_rng(7), batch=2)
+    assert_same(infer(server, "http", "bert_static_unresolved", feeds), reference(repository, "bert_ge", feeds))
