@@ -43,7 +43,7 @@ tools: $(STAMP)
 
 # The peer the bench compares with: Triton's C++ onnxruntime backend (r24.10, CPU only) built against the pinned
 # onnxruntime wheel's library into peer-backend/ (git-ignored, never shipped); needs cmake, g++, rapidjson-dev and
-# googletest. PEER_ARGS='--src DIR --ort-include DIR' builds from local checkouts. docs/tuning.md#the-peer
+# googletest. PEER_ARGS='--src DIR --ort-include DIR' builds from local checkouts. docs/benchmarks.md#the-peer
 peer: $(STAMP)
 	bash tools/build_peer_backend.sh --python $(PY) $(PEER_ARGS)
 

@@ -5,9 +5,10 @@
 #   eval "$(bash tools/podman_flags.sh IMAGE)"
 # Exit 3, saying why, when podman cannot run a container here.
 #
-# Why (found in this project's sandbox, see docs/deploy.md): podman raises RLIMIT_NOFILE/NPROC above the
-# caller's hard limits, which fails without CAP_SYS_RESOURCE; and crun refuses a host with cgroup v1 plus
-# a cgroup2 hierarchy that has controllers ("cgroups in hybrid mode not supported"), where runc works.
+# Why (seen on restricted hosts, see docs/deploy.md, Podman on restricted hosts): podman raises
+# RLIMIT_NOFILE/NPROC above the caller's hard limits, which fails without CAP_SYS_RESOURCE; and crun refuses a
+# host with cgroup v1 plus a cgroup2 hierarchy that has controllers ("cgroups in hybrid mode not supported"),
+# where runc works.
 set -uo pipefail
 IMAGE=${1:?usage: podman_flags.sh IMAGE}
 command -v podman >/dev/null || { echo "podman is not installed (make deploy-tools)" >&2; exit 3; }

@@ -1,7 +1,8 @@
 """The conformance run's numbers: counts per engine and mode, the cases behind them, and the docs' Conformance table.
 
 `python -m tests.conformance.report [--markdown] [ENGINE ...]` runs the whole corpus (see `corpus.py`) and
-prints the counts and every exception, or with `--markdown` what docs/static-graph.md shows.
+prints the counts and every exception, or with `--markdown` the table kept in docs/results/ (see docs/static-graph.md,
+Conformance).
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ def failure_kind(why: str) -> str:
 
 
 def markdown(results: dict[str, dict[str, str | None]], seconds: float) -> str:
-    """The Conformance numbers and exception lists, as docs/static-graph.md shows them."""
+    """The Conformance numbers and exception lists, as kept in docs/results/ (docs/static-graph.md, Conformance)."""
     from collections import defaultdict
 
     engines = [e for e in corpus.ENGINES if any(f"plain/{e}" in row for row in results.values())]

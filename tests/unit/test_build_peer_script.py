@@ -1,6 +1,6 @@
 """tools/build_peer_backend.sh (`make peer`) says what is wrong in one line instead of failing halfway.
 
-The build itself needs Triton's sources, which cannot be fetched here; it was run by hand (docs/tuning.md#the-peer).
+The build itself needs Triton's sources, which cannot be fetched here; it was run by hand (docs/benchmarks.md#the-peer).
 """
 
 from __future__ import annotations

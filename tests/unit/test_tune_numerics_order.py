@@ -151,8 +151,8 @@ def tied_search(int8_at_guess: float):
 
 
 def test_a_quick_tune_steps_with_the_precisions_level_with_the_best_at_the_guess():
-    """Session 36's text-encoder tune: the dynamic int8, level with the static one where the guess put both, was never
-    screened at the layout where the static one won; now it is, and wins."""
+    """A text-encoder tune: the dynamic int8, level with the static one where the guess put both, must also be
+    screened at the layout where the static one won, and then wins."""
     m, done = tied_search(int8_at_guess=187.0)
     started = m.started()
     assert started[0] == "ort-static-int8-static-1x2-d0" and "ort-static-int8-1x2-d0" in started

@@ -2,9 +2,9 @@
 
 The accuracy guard loads each (engine, precision rung) once and times a request in it, one window of about a second
 each, one rung after the other. On a shared machine two windows a minute apart differ by 10-20 %, as much as two
-int8 rungs differ from each other: session 34 timed the CN_CLIP text encoder's dynamic int8 at 11.2 ms against 8.8
-a session before, and the QDQ int8 at 10.0 against 11.3, so the two swapped places and the quick tune built its
-candidates around the other one.
+int8 rungs differ from each other: two tunes of the CN_CLIP text encoder an hour apart timed its dynamic int8 at 11.2
+and 8.8 ms, and the QDQ int8 at 10.0 and 11.3, so the two swapped places and the quick tune built its candidates
+around the other one.
 
 `FastestHeld` keeps the fastest rung timed so far loaded. A rung whose own window is within `CLOSE` of it is timed
 again beside it, in `ROUNDS` rounds of `ROUND_S` seconds each in the order A B B A ..., and both get the median of
