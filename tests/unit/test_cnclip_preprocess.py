@@ -249,7 +249,7 @@ def test_tokenizer_rejects_bad_vocabularies(tmp_path):
 
 
 def test_text_decoding_is_strict_utf8():
-    from gebackend.triton.strings import decode_utf8
+    from gebackend.runtime.strings import decode_utf8
 
     assert decode_utf8("中文".encode()) == "中文" and decode_utf8("already str") == "already str"
     for bad in (b"\xff\xfe", b"abc\xe4\xb8", b"\xed\xa0\x80"):  # not UTF-8, truncated sequence, a surrogate

@@ -1,4 +1,4 @@
-"""Unit tests for gebackend.triton.strings: BYTES tensors reach the engine as text, and bytes that are no UTF-8 text
+"""Unit tests for gebackend.runtime.strings: BYTES tensors reach the engine as text, and bytes that are no UTF-8 text
 are the request's error naming the model, the input and the element."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from gebackend.errors import InvalidRequest
-from gebackend.triton.strings import to_engine, to_triton
+from gebackend.runtime.strings import to_engine, to_triton
 
 
 def test_utf8_bytes_become_text_and_come_back_as_the_same_bytes():

@@ -20,7 +20,7 @@ import numpy as np
 from gebackend.errors import ConfigError
 from gebackend.preprocess import image, text
 from gebackend.preprocess.vocab import find_vocab
-from gebackend.triton.strings import decode_utf8
+from gebackend.runtime.strings import decode_utf8
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from gebackend.runtime.sequence_state import SequenceKey
 from gebackend.engines.bfloat16 import BF16
 from gebackend.triton.bf16_tensors import bf16_tensor, read_bf16
 from gebackend.triton.metrics import BackendMetrics
-from gebackend.triton.strings import to_engine, to_triton
+from gebackend.runtime.strings import to_engine, to_triton
 
 
 def auto_complete(auto_complete_model_config: Any, pb_utils: Any) -> Any:
