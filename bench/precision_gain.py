@@ -15,7 +15,7 @@ Measured here, one thread (one core: what each pinned instance has), in rounds i
    tune` would try on this machine (tune/space.py's table: bf16/fp16 only where OpenVINO reports them).
    Each rung is made by the backend's own lowering (compile/precision.py, compile/quantize_static.py) from the fp32
    kernel model, as a served model's is.
-2. models (`--models`, bench models in bench/models: `python -m gebackend.bench.models NAME`): each rung's time
+2. models (`--models`, bench models in bench/models: `python -m gebackend.modelzoo.bench_models NAME`): each rung's time
    for one input, × ONNX Runtime fp32, its operations a second (gebackend.bench.flops) and how that compares with
    its kernels' (the products at the kernel rates over the measured time: near or above 100 %, the model runs as
    fast as its kernels do alone and only faster kernels make it faster).
@@ -46,7 +46,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from gebackend.bench import flops
 from gebackend.bench.inprocess import median_seconds
-from gebackend.bench.models import DEFAULT_CACHE, models as bench_models
+from gebackend.modelzoo.bench_models import DEFAULT_CACHE, models as bench_models
 from gebackend.bench.runner import machine
 from gebackend.compile.calibration import random_samples
 from gebackend.compile.precision import lower_precision
@@ -176,7 +176,7 @@ def measure_models(names: list[str], rungs: list[tuple[str, PrecisionRung]], rat
         model = known[name]
         path = model.path(cache)
         if not path.is_file():
-            log(f"model {name}: not exported ({path} missing: python -m gebackend.bench.models {name}); left out")
+            log(f"model {name}: not exported ({path} missing: python -m gebackend.modelzoo.bench_models {name}); left out")
             continue
         feeds = model.sample_inputs(1)
         ops = flops.at_shapes(onnx.load(str(path)), {k: list(v.shape) for k, v in feeds.items()})

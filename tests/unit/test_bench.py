@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from gebackend.bench import perf_analyzer, report, scenarios
-from gebackend.bench.models import models
+from gebackend.modelzoo.bench_models import models
 from gebackend.config.onnx_signature import read_signature
 from gebackend.config.pbtxt import load_model_config
 

@@ -17,7 +17,7 @@ import pytest
 from PIL import Image
 
 from gebackend.bench import ensemble, ensemble_runner, perf_analyzer, report, scenarios, triton_stats
-from gebackend.bench.models import models
+from gebackend.modelzoo.bench_models import models
 from gebackend.config.pbtxt import load_model_config
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 
 from gebackend.bench import peer, report, scenarios
-from gebackend.bench.models import models
+from gebackend.modelzoo.bench_models import models
 from gebackend.bench.runner import Bench, BenchSettings
 from gebackend.cli.main import main as cli_main
 from gebackend.config.pbtxt import load_model_config

@@ -603,10 +603,10 @@ def test_the_wheel_is_cn_clip_1_6_0_from_the_bench_cache():
 
 
 def test_repository_builder_installs_the_real_encoders_from_the_bench_export(tmp_path, monkeypatch):
-    """`--encoders cnclip` takes gebackend.bench.models' export (torch is not installed here: a stand-in file plays the
+    """`--encoders cnclip` takes gebackend.modelzoo.bench_models' export (torch is not installed here: a stand-in file plays the
     exported encoder, so what is checked is where it goes and what the log says), and `auto` without torch builds
     stand-ins."""
-    import gebackend.bench.models as bench_models
+    import gebackend.modelzoo.bench_models as bench_models
     from gebackend.modelzoo import cnclip_repository
     from gebackend.modelzoo.cnclip_standin import build_cnclip_image_standin, build_cnclip_text_standin
 

@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from gebackend.bench import scenarios
-from gebackend.bench.models import BenchModel
+from gebackend.modelzoo.bench_models import BenchModel
 from gebackend.config.onnx_signature import read_signature
 
 

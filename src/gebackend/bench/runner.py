@@ -29,7 +29,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from gebackend.bench import ensemble_runner, inprocess, interleaved_runner, peer, perf_analyzer, report, scenarios, server
-from gebackend.bench.models import DEFAULT_CACHE, BenchModel, models as known_models
+from gebackend.modelzoo.bench_models import DEFAULT_CACHE, BenchModel, models as known_models
 from gebackend.engines import cpu
 
 QUICK_MODELS = ("resnet_small",)

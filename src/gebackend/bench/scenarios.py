@@ -37,7 +37,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Sequence
 
-from gebackend.bench.models import BenchModel
+from gebackend.modelzoo.bench_models import BenchModel
 from gebackend.config import dtypes
 from gebackend.config.onnx_signature import Signature, read_signature
 from gebackend.engines import registry as engine_registry

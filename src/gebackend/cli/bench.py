@@ -78,7 +78,7 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
     from dataclasses import replace
 
     from gebackend.bench import peer, perf_analyzer, scenarios
-    from gebackend.bench.models import models
+    from gebackend.modelzoo.bench_models import models
     from gebackend.bench.runner import Bench, BenchSettings
 
     if args.peer_backend_dir is not None and not args.list:

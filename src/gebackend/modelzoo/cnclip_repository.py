@@ -3,7 +3,7 @@
 The config.pbtxt files are committed; this writes what they need and git ignores (every model's version folder):
   cnclip_image_encoder/1/, cnclip_text_encoder/1/   the encoders, one of
       `cnclip`     the real CN_CLIP encoders (ViT-B/16, RoBERTa-wwm-ext-base; random weights) exported by
-                   gebackend.bench.models: needs torch (`pip install -e '.[cnclip]'`)
+                   gebackend.modelzoo.bench_models: needs torch (`pip install -e '.[cnclip]'`)
       `cnclip_l4`  the same cut to 4 of their 12 layers
       `standin`    small stand-ins with CN_CLIP's exact interface (modelzoo/cnclip_standin.py), no torch
       `auto`       (default) `cnclip` when torch imports, else `standin`
@@ -74,7 +74,7 @@ def _existing(version: Path) -> Path | None:
 
 
 def _install_real(folder: str, kind: str, version: Path, cache: Path, log: Callable[[str], None]) -> str:
-    from gebackend.bench.models import models
+    from gebackend.modelzoo.bench_models import models
 
     bench_name = _ENCODER_FOLDERS[folder][0] + ("_l4" if kind == "cnclip_l4" else "")
     source = models(cache)[bench_name].ensure(cache, log)

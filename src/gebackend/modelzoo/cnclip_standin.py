@@ -2,7 +2,7 @@
 
 Built with onnx.helper and fixed seeded random weights (no torch), for CI and for trying the CN_CLIP repository
 without the real encoders; they compute nothing meaningful. Their interface is the one cn_clip's own exports have
-(`cn_clip/deploy/pytorch_to_onnx.py`, and `gebackend.bench.models`), with a variable batch dim:
+(`cn_clip/deploy/pytorch_to_onnx.py`, and `gebackend.modelzoo.bench_models`), with a variable batch dim:
   image encoder: `image` float32 [batch, 3, 224, 224] -> `unnorm_image_features` float32 [batch, 512]
                  (16x16 patch-embedding Conv, tanh, mean over patches, MatMul)
   text encoder:  `text` int64 [batch, 52] -> `unnorm_text_features` float32 [batch, 512]

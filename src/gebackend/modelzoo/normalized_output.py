@@ -1,6 +1,6 @@
 """Adds an L2-normalised copy of an encoder's output to its ONNX file, so an ensemble needs no normalisation step.
 
-CN_CLIP's exports (cn_clip's `deploy/pytorch_to_onnx.py`, `gebackend.bench.models`, the stand-ins) output the
+CN_CLIP's exports (cn_clip's `deploy/pytorch_to_onnx.py`, `gebackend.modelzoo.bench_models`, the stand-ins) output the
 unnormalised features; `CLIP.forward` then divides them by their L2 norm over the last axis (`x / x.norm(dim=-1,
 keepdim=True)`, no epsilon). `add_normalized_output` appends that division to the graph as a second output
 (ReduceL2 + Div, the same two ops a separate model would run), so the encoder gives both and the ensemble saves a

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from gebackend.bench.models import BenchInput, BenchModel
+from gebackend.modelzoo.bench_models import BenchInput, BenchModel
 from gebackend.config.spec import TensorSpec
 from gebackend.errors import ConfigError
 

@@ -321,10 +321,10 @@ def models(cache: Path = DEFAULT_CACHE) -> dict[str, BenchModel]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """python -m gebackend.bench.models [NAME ...] [--cache DIR]: export models into the cache."""
+    """python -m gebackend.modelzoo.bench_models [NAME ...] [--cache DIR]: export models into the cache."""
     import argparse
 
-    p = argparse.ArgumentParser(prog="python -m gebackend.bench.models")
+    p = argparse.ArgumentParser(prog="python -m gebackend.modelzoo.bench_models")
     p.add_argument("names", nargs="*")
     p.add_argument("--cache", type=Path, default=DEFAULT_CACHE)
     args = p.parse_args(argv)
