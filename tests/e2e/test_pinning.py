@@ -198,7 +198,9 @@ def test_int8_static_model_serves_close_to_fp32_and_logs_its_accuracy(pinning_se
     out = server.output()
     assert re.search(r"model 'int8_static': precision int8 vs fp32: max_abs_diff=\S+ cosine=0\.99\d+ "
                      r"\(seeded random input input_ids:1,16 attention_mask:1,16, seed 0\)", out), out[-4000:]
-    assert re.search(r"model 'int8_static' instance .* precision int8 \(cosine 0\.99\d+ to fp32\), static graph", out)
+    assert re.search(r"model 'int8_static' instance .* precision int8 \(cosine 0\.99\d+ to fp32 on input_ids:\[1, 16\] "
+                     r"attention_mask:\[1, 16\], the first bucket's shape; ONNX Runtime dynamic, (\d+) of \1 MatMul/Gemm "
+                     r"quantized\), static graph", out), out[-4000:]
     feeds = _feeds(3, 20, 7)
     got = infer(server, "http", "int8_static", feeds).as_numpy("last_hidden_state")
     want = _reference(repo, feeds)["last_hidden_state"]

@@ -3,6 +3,8 @@ them where the old choice (one size per name, 16 for every other) made inputs th
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -126,10 +128,12 @@ def test_the_accuracy_guard_checks_int8_on_the_dims_config_pbtxt_gives(tmp_path,
         if dims:  # checked on [1, 3, 8, 8]: served int8
             assert instance.executor.spec.options.engines.precision_mode == "int8", lines
             assert "pixels:1,3,8,8" in lines, lines
-        else:  # 3 channels (the Conv's) of 16 x 16: the model refuses them, the guard serves fp32 and says why
+        else:  # 3 channels (the Conv's) of no probed size (224, 320, ...) run: fp32 is served, and the reason said
             assert instance.executor.spec.options.engines.precision_mode == "origin", lines
-            assert "accuracy check failed to run on the seeded input (pixels:[1, 3, 16, 16])" in lines, lines
-            assert "give them as dims in config.pbtxt" in lines, lines
+            assert "no input size the model runs was found to check it on (pixels:[1, 3, 224, 224] (probed 224x224)" \
+                in lines, lines
+            assert re.search(r"precision origin \(int8: no input size the model runs was found, 11 tried; give the "
+                             r"sizes as dims in config.pbtxt", instance.how), instance.how
         pixels = np.random.default_rng(1).standard_normal((2, 3, 8, 8)).astype(np.float32)
         got = instance.execute([{"pixels": pixels}])[0]["y"]
         want = _runs(_patch_model(), {"pixels": pixels})[0]

@@ -68,9 +68,11 @@ def test_prelu_keeps_its_per_channel_slope_where_opset_7_would_broadcast_it_over
                             BackendOptions.make(static_model=static, precision_mode=precision, intra_op_thread_count=1))
     lines: list[str] = []
     executor, how = load_executor(spec, log=lines.append)
-    if precision == "int8":  # lowered from the converted file, and checked against it (ONNX Runtime runs opset 7)
+    if precision == "int8":  # lowered from the converted file (ONNX Runtime runs opset 7), where a PRelu alone has
+        # nothing int8 quantizes: served fp32, and the load line says so rather than int8
         assert any(line.startswith("precision int8: lowered from the file converted from opset 6 to 7") for line in lines)
-        assert "cosine 1.000000 to fp32" in how, how
+        assert how.startswith("precision origin (int8: nothing to quantize: dynamic quantization quantizes MatMul/Gemm "
+                              "with a constant weight and the model has none), "), how
     x = -np.ones((2, 3, 3), np.float32)
     (answer,) = executor.execute([{"x": x}])
     want = x * np.asarray(slope, np.float32).reshape(1, 3, 1)  # channel c scaled by slope[c]

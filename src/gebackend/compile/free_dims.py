@@ -12,6 +12,9 @@ file) gets, in this order:
    `past_sequence_length + sequence_length`, which is not a third free size (taken as one, GPT-2's mask is shorter
    than its cache and the model fails: "indices element out of data bounds");
 5. else `batch` on axis 0 and `default` on the others.
+
+compile/seed_shapes.py is where the loads and the tune ask: it gives the hints and defaults of each source in turn
+(model_warmup, calibration data, the file's metadata, probed sizes) and keeps the first that runs.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """Precision pass: lower an fp32 ONNX model to `precision_mode` int8 or fp16 for ONNX Runtime, or refuse bf16.
 
-* int8, `quantization` resolved by `resolve_quantization` (auto: static when calibration_data is set or the engine has
-  no dynamic int8, i.e. OpenVINO; else dynamic, which measured 1.75x the peer on a transformer):
+* int8, `quantization` resolved by `resolve_quantization` (auto: static when calibration_data is set, the engine has
+  no dynamic int8, i.e. OpenVINO, or the weights live mostly in Conv, compile/int8_route.py; else dynamic, which
+  measured 1.75x the peer on a transformer):
 * int8 static: a calibrated QDQ file (compile/quantize_static.py: ONNX Runtime's quantize_static, or NNCF for
   OpenVINO) from samples (compile/calibration.py).
 * int8 dynamic: onnxruntime's dynamic quantization (`quantize_dynamic`): weights quantized once, activations per
@@ -162,16 +163,12 @@ def check_supported(mode: str) -> None:
         raise ModelLoadError(_BF16_REFUSAL)
 
 
-def resolve_quantization(quantization: str, calibration_data: str, engine_kind) -> str:
-    """precision_mode=int8's `quantization` option as "dynamic" | "static" for an engine (`EngineKind`)."""
-    if quantization == "auto":
-        return "static" if calibration_data or "dynamic" not in engine_kind.quantizations else "dynamic"
-    if quantization not in engine_kind.quantizations:
-        raise ModelLoadError(
-            f"precision_mode=int8 quantization={quantization} is not available with engine={engine_kind.name} (it runs "
-            f"{' or '.join(engine_kind.quantizations)} int8 only: OpenVINO has no dynamic int8); use quantization=static "
-            f"(or auto), or engine=onnxruntime for dynamic quantization")
-    return quantization
+def resolve_quantization(quantization: str, calibration_data: str, engine_kind, path: Path | None = None) -> str:
+    """precision_mode=int8's `quantization` option as "dynamic" | "static" for an engine (`EngineKind`) and, given
+    its `path`, the model (compile/int8_route.py: static where its weights live mostly in Conv)."""
+    from gebackend.compile.int8_route import choose
+
+    return choose(quantization, calibration_data, engine_kind, path)[0]
 
 
 def lower_precision(

@@ -60,6 +60,7 @@ class Lowered:
     quantization: str  # int8: "dynamic" | "static"; "" otherwise
     event: str  # "quantized" (built now) | "reused" (found in the cache)
     check_feeds: Mapping[str, np.ndarray] | None = None  # the first real calibration sample, for the accuracy check
+    calibrated: str = ""  # static int8: what it was calibrated on ("32 seeded input(s)", "16 calibration_data sample(s)")
 
 
 def _sha256_files(paths, h=None):
@@ -168,21 +169,26 @@ def cached(model: str, model_path: Path, key: str, name: str, build: Callable[[P
 def lowered_model(model: str, model_path: Path, engines, engine_kind, batching: bool,
                   shapes: Mapping[str, tuple[int, ...]] | None, log: Callable[[str], None],
                   int8_op_types: tuple[str, ...] | None = None, environ=os.environ, home: Path | None = None,
-                  fixed: Mapping[str, np.ndarray] | None = None) -> Lowered:
+                  fixed: Mapping[str, np.ndarray] | None = None, shapes_source: str = "") -> Lowered:
     """The model lowered to `engines.precision_mode` (options' EngineChoice) for `engine_kind`, from the cache.
 
     `home`: the model's file in its repository when `model_path` is a copy the engines load (config/model_copy.py):
     the cache and a relative `calibration_data` are beside it, so instances and restarts share them. `fixed`: the
     optional inputs' defaults, what calibration feeds them where its data leaves them out (in the key: the copy does
-    not hold them)."""
+    not hold them). `shapes_source`: where the seeded samples' `shapes` came from (compile/seed_shapes.py), said."""
     home = home or model_path
     from gebackend.compile import calibration
-    from gebackend.compile.precision import INT8_OP_TYPES, check_supported, lower_precision, resolve_quantization
+    from gebackend.compile.int8_route import choose
+    from gebackend.compile.precision import INT8_OP_TYPES, check_supported, lower_precision
 
     mode = engines.precision_mode
     check_supported(mode)
     op_types = tuple(int8_op_types or INT8_OP_TYPES)
-    quantization = resolve_quantization(engines.quantization, engines.calibration_data, engine_kind) if mode == "int8" else ""
+    quantization, why = choose(engines.quantization, engines.calibration_data, engine_kind, model_path) \
+        if mode == "int8" else ("", "")
+    if why:
+        log(f"precision int8: quantization=auto -> {quantization} ({why})")
+    calibrated = ""
     options = {"mode": mode, "quantization": quantization, "engine": engine_kind.name}
     samples, data, feeds = None, [], None
     if quantization:
@@ -196,9 +202,11 @@ def lowered_model(model: str, model_path: Path, engines, engine_kind, batching: 
             samples = calibration.load_samples(model, model_path, source, batching, engines.calibration_samples, fixed)
             data, feeds = calibration.data_files(source), samples[0]
             options["calibration"] = "data"
+            calibrated = f"{len(samples)} calibration_data sample(s)"
             log(f"precision int8: calibrating on {len(samples)} sample(s) from {source}")
         else:
             options.update(calibration="random", shapes=repr(sorted((shapes or {}).items())))
+            calibrated = f"{engines.calibration_samples} seeded input(s)"
     elif quantization == "dynamic":
         options["op_types"] = ",".join(op_types)
     if fixed and quantization == "static":
@@ -210,7 +218,9 @@ def lowered_model(model: str, model_path: Path, engines, engine_kind, batching: 
     def build(folder: Path, name: str) -> Path:
         chosen = samples
         if quantization == "static" and chosen is None:
-            log(f"precision int8: calibrating on {engines.calibration_samples} seeded random sample(s) (no "
+            at = " ".join(f"{n}:{list(s)}" for n, s in (shapes or {}).items())
+            at = f" at {at}" + (f" ({shapes_source})" if shapes_source else "") if at else ""
+            log(f"precision int8: calibrating on {engines.calibration_samples} seeded random sample(s){at} (no "
                 f"calibration_data): real inputs give better scales, set calibration_data to a folder of .npy files")
             chosen = calibration.random_samples(model_path, engines.calibration_samples, shapes, fixed)
         return lower_precision(model_path, mode, folder, log, op_types, quantization=quantization,
@@ -224,4 +234,4 @@ def lowered_model(model: str, model_path: Path, engines, engine_kind, batching: 
         raise ModelLoadError(f"model '{model}': cannot read {model_path} to key the precision cache: {exc}") from None
     verb = "quantized" if mode == "int8" else f"lowered to {mode}"
     path, event = cached(model, home, key, name, build, log, what, verb, environ)
-    return Lowered(path, quantization, event, feeds)
+    return Lowered(path, quantization, event, feeds, calibrated)

@@ -18,8 +18,11 @@ check's input (compile/accuracy.py) and serves fp32 instead when the cosine simi
 
 `engine=auto` (registry.auto for an explicit precision) and, for int8, by what the model is made of: a model whose
 weighted ops are mostly convolutions runs on OpenVINO (NNCF's static int8: ONNX Runtime's dynamic int8 quantizes
-only MatMul/Gemm and leaves convolutions in fp32), one of mostly MatMul/Gemm on ONNX Runtime (dynamic int8, no
-calibration needed).
+only MatMul/Gemm and leaves convolutions in fp32; without OpenVINO, ONNX Runtime's static int8), one of mostly
+MatMul/Gemm on ONNX Runtime (dynamic int8, no calibration needed). A model OpenVINO cannot read (an operator it
+has no conversion for, a convolution over a tensor of unknown rank) is never given to it: engine=auto takes ONNX
+Runtime, which runs every ONNX operator, and chooses precision_mode=auto again for it, saying why. An int8 that
+would quantize nothing (no Conv, MatMul or Gemm with a constant weight) is never chosen by precision_mode=auto.
 """
 
 from __future__ import annotations
@@ -29,12 +32,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable
 
+from gebackend.compile.int8_route import weighted_op_counts
 from gebackend.engines import registry
 from gebackend.engines.cpu import VNNI_FLAGS
 
 AUTO_MIN_COSINE = 0.99
-_CONV_OPS = ("Conv", "ConvTranspose")
-_MATMUL_OPS = ("MatMul", "Gemm")
 
 
 @dataclass(frozen=True)
@@ -42,6 +44,7 @@ class Choice:
     engine: str
     precision_mode: str
     why: str  # one line for the load log; empty when nothing was automatic
+    refused: str = ""  # engine=auto: why OpenVINO, which it would have taken, cannot serve the model
 
 
 def auto_precision(engine: str, cpu_flags: Iterable[str], openvino_capabilities: Callable[[], Iterable[str]],
@@ -58,6 +61,8 @@ def auto_precision(engine: str, cpu_flags: Iterable[str], openvino_capabilities:
         slow = openvino_int8_slow(flags, path) if engine == "openvino" else ""
         if slow:
             return "origin", f"{slow}: exact fp32 (engine=auto would run ONNX Runtime's dynamic int8)"
+        if path is not None and weighted_op_counts(path) == (0, 0):
+            return "origin", "int8 would quantize nothing here (no Conv, MatMul or Gemm with a constant weight): exact fp32"
         where = "no native bf16 here" if may_openvino else f"{engine} runs no bf16 on the CPU here"
         return "int8", f"{where}; int8 with " + ("/".join(vnni) if vnni else "AVX2 kernels (no VNNI)")
     return "origin", "this CPU has no AVX2 and no native bf16: exact fp32"
@@ -79,28 +84,6 @@ def openvino_int8_slow(cpu_flags: Iterable[str], path: Path | None) -> str:
             "about half its f32 speed on AVX2")
 
 
-def weighted_op_counts(path: Path) -> tuple[int, int]:
-    """(convolutions, matmuls/gemms) with a constant weight input in the ONNX file at `path`; read once per file as
-    it is (its size and modification time): `tune` and a load with `auto` options ask more than once."""
-    stat = Path(path).stat()
-    return _weighted_op_counts(str(Path(path).resolve()), stat.st_size, stat.st_mtime_ns)
-
-
-@functools.lru_cache(maxsize=16)
-def _weighted_op_counts(path: str, size: int, mtime_ns: int) -> tuple[int, int]:
-    import onnx
-
-    model = onnx.load(path, load_external_data=False)
-    constants = {init.name for init in model.graph.initializer}
-    constants |= {out for node in model.graph.node if node.op_type == "Constant" for out in node.output}
-    convs = matmuls = 0
-    for node in model.graph.node:
-        if any(name in constants for name in node.input[1:2]):
-            convs += node.op_type in _CONV_OPS
-            matmuls += node.op_type in _MATMUL_OPS
-    return convs, matmuls
-
-
 def auto_engine(precision_mode: str, path: Path | None) -> tuple[str, str]:
     """The engine `engine=auto` runs `precision_mode` on for the model at `path`, and why."""
     if precision_mode != "int8" or path is None:
@@ -110,7 +93,8 @@ def auto_engine(precision_mode: str, path: Path | None) -> tuple[str, str]:
     if convs > matmuls and registry.installed("openvino") and _nncf_installed():
         return "openvino", f"int8 on a convolution model ({convs} Conv vs {matmuls} MatMul/Gemm): NNCF's static int8"
     return registry.DEFAULT, (f"int8 on a MatMul model ({matmuls} MatMul/Gemm vs {convs} Conv): ONNX Runtime's "
-                              "dynamic int8" if matmuls >= convs else "int8: OpenVINO/NNCF are not installed")
+                              "dynamic int8" if matmuls >= convs else
+                              "int8: OpenVINO/NNCF are not installed: ONNX Runtime's static int8 (QDQ)")
 
 
 def _nncf_installed() -> bool:
@@ -119,9 +103,47 @@ def _nncf_installed() -> bool:
     return importlib.util.find_spec("nncf") is not None
 
 
+def openvino_refusal(path: Path) -> str:
+    """Why OpenVINO cannot read the model at `path`, or "" (also where OpenVINO is not installed, and for a file of
+    ONNX local functions, which the file OpenVINO is given has inlined: config/local_functions.py); read once per file
+    version."""
+    if not registry.installed("openvino"):
+        return ""
+    stat = Path(path).stat()
+    return _openvino_refusal(str(Path(path).resolve()), stat.st_size, stat.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=16)
+def _openvino_refusal(path: str, size: int, mtime_ns: int) -> str:
+    import onnx
+
+    if onnx.load(path, load_external_data=False).functions:
+        return ""
+    from gebackend.engines.openvino import read_refusal
+
+    return read_refusal(Path(path))
+
+
 def resolve(engine: str, precision_mode: str, path: Path | None, cpu_flags: Iterable[str],
-            openvino_capabilities: Callable[[], Iterable[str]]) -> Choice:
-    """The concrete engine and precision for the options as written (either may be "auto")."""
+            openvino_capabilities: Callable[[], Iterable[str]],
+            openvino_reads: Callable[[Path], str] | None = None) -> Choice:
+    """The concrete engine and precision for the options as written (either may be "auto"). Where engine=auto would
+    take OpenVINO for a model it cannot read (`openvino_reads`: why not, or ""; `openvino_refusal` by default), ONNX
+    Runtime instead, precision_mode=auto chosen again for it, and `Choice.refused` says why."""
+    flags = frozenset(cpu_flags)
+    chosen = _resolve(engine, precision_mode, path, flags, openvino_capabilities)
+    if engine != "auto" or chosen.engine != "openvino" or path is None:
+        return chosen
+    refused = (openvino_reads or openvino_refusal)(path)
+    if not refused:
+        return chosen
+    again = _resolve(registry.DEFAULT, precision_mode, path, flags, openvino_capabilities)
+    note = f"engine=auto: OpenVINO cannot serve this model ({refused}); {registry.DEFAULT} instead"
+    return Choice(again.engine, again.precision_mode, "; ".join(w for w in (again.why, note) if w), refused)
+
+
+def _resolve(engine: str, precision_mode: str, path: Path | None, cpu_flags: frozenset,
+             openvino_capabilities: Callable[[], Iterable[str]]) -> Choice:
     reasons = []
     if precision_mode == "auto":
         precision_mode, why = auto_precision(engine, cpu_flags, openvino_capabilities, path)

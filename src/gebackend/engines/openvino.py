@@ -109,6 +109,16 @@ def _read(source, what: str) -> ov.Model:
         raise ModelLoadError(f"OpenVINO cannot read {what}: {_message(exc)}") from None
 
 
+def read_refusal(path: Path) -> str:
+    """Why OpenVINO cannot read the ONNX file at `path` ("" where it reads it): engine=auto asks before it chooses
+    OpenVINO for a model (engines/auto_choice.py)."""
+    try:
+        _read(str(path), Path(path).name)
+    except ModelLoadError as exc:
+        return str(exc)
+    return ""
+
+
 def _message(exc: Exception) -> str:
     """OpenVINO's messages start with source locations: its last lines say what went wrong. A conversion report
     holds a block per op that failed (`-- Dropout-20 with a message:` ... its reason on the block's last line,

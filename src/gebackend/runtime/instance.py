@@ -118,7 +118,7 @@ class ModelInstance:
         path = served_kept_rows(path, signature, say, server_temp_parent())  # the first token: its rows only
         options, ledger, lending = _pin(name, instance, config, parsed.options, log) if pin else (parsed.options, None, None)
         pinned = options
-        options = _resolve_auto(options, path, signature, say)
+        options, engine_note = _resolve_auto(options, path, signature, say)
 
         def load(options: BackendOptions):
             served = served_inlined(path, options.engines.engine, say, server_temp_parent())  # OpenVINO: no functions
@@ -135,7 +135,9 @@ class ModelInstance:
             # engine=auto took OpenVINO, which cannot serve this model (an operator it lacks: ai.onnx.ml, contrib ops):
             # ONNX Runtime runs every ONNX operator
             say(f"engine=auto: OpenVINO cannot serve this model ({exc}); onnxruntime instead")
-            spec, (executor, how) = load(_resolve_auto(pinned.replace(engine="onnxruntime"), path, signature, say))
+            engine_note = f"engine=auto -> onnxruntime (OpenVINO cannot serve this model: {exc})"
+            spec, (executor, how) = load(_resolve_auto(pinned.replace(engine="onnxruntime"), path, signature, say)[0])
+        how = f"{engine_note}, {how}" if engine_note else how  # the load line says why OpenVINO was not taken
         seconds = time.perf_counter() - started
         log.info(f"gebackend: model '{name}' instance '{instance.name}' loaded {path.name} in {seconds:.2f}s: "
                  f"max_batch_size={spec.max_batch_size}, {how}")
@@ -273,9 +275,10 @@ def _sized_to_allowance(name: str, options, log: InstanceLog):
 
 
 def _resolve_auto(options: BackendOptions, path: Path, signature: Signature,
-                  say: Callable[[str], None]) -> BackendOptions:
+                  say: Callable[[str], None]) -> tuple[BackendOptions, str]:
     """`engine=auto` / `precision_mode=auto` made concrete for this model on this CPU (engines/auto_choice.py); a model
-    that only ONNX Runtime serves (`_onnxruntime_only`) runs there, and naming another engine for it fails the load."""
+    that only ONNX Runtime serves (`_onnxruntime_only`) runs there, and naming another engine for it fails the load.
+    Also the load line's note where engine=auto would have taken OpenVINO, which cannot read the model ("" else)."""
     only = _onnxruntime_only(options, signature)
     if only is not None:
         if options.engines.engine == "auto":
@@ -286,7 +289,7 @@ def _resolve_auto(options: BackendOptions, path: Path, signature: Signature,
                               f"(or auto)")
     choice = options.engines
     if "auto" not in (choice.engine, choice.precision_mode):
-        return options
+        return options, ""
     from gebackend.engines import auto_choice, cpu
 
     def openvino_capabilities():  # imported only where OpenVINO is installed and asked
@@ -299,7 +302,8 @@ def _resolve_auto(options: BackendOptions, path: Path, signature: Signature,
     changes = {"engine": chosen.engine, "precision_mode": chosen.precision_mode}
     if choice.precision_mode == "auto" and not choice.precision_min_cosine:
         changes["precision_min_cosine"] = auto_choice.AUTO_MIN_COSINE
-    return options.replace(**changes)
+    note = f"engine=auto -> {chosen.engine} ({chosen.refused})" if chosen.refused else ""
+    return options.replace(**changes), note
 
 
 def _instance_index(name: str, instance: InstanceInfo, config: Mapping[str, Any]) -> int:

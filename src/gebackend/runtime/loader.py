@@ -79,45 +79,14 @@ def load_executor(
 
 def _lower(spec: ModelSpec, engine_kind, log: Callable[[str], None],
            defaults: Mapping[str, np.ndarray] | None = None) -> tuple[ModelSpec, str]:
-    """The spec pointing at the lowered model (compile/precision_cache.py), and the precision part of the load line."""
-    from gebackend.compile.accuracy import accuracy_report, random_feeds
-    from gebackend.compile.precision_cache import lowered_model
-    from gebackend.engines.cpu import precision_run
+    """The spec pointing at the lowered model (compile/precision_cache.py), or at the original at fp32 where it is
+    not lowered, and the precision part of the load line (runtime/lowering.py)."""
+    from gebackend.compile.seed_shapes import SeedShapes
+    from gebackend.runtime.lowering import lower
 
     spec = _lowerable(spec, log)
-    mode = spec.options.engines.precision_mode
-    guard = spec.options.engines.precision_min_cosine
-    shapes = _file_shapes(spec) if spec.static else _seeded_shapes(spec)
-    try:
-        lowered = lowered_model(spec.name, spec.path, spec.options.engines, engine_kind, spec.batching, shapes, log,
-                                home=spec.home, fixed=defaults)
-    except ModelLoadError as exc:
-        if not guard:
-            raise
-        # the guard (precision_mode=auto's, or the user's) asks for fp32 where the lowered model cannot be trusted;
-        # one the quantizer could not write is no better
-        return _fp32(spec, log, f"lowering failed ({exc})", refused_by="a failed lowering")
-    ran = precision_run(mode, engine_kind.name, lowered.quantization)
-    if ran.note:
-        log(f"precision {mode}: {ran.note}")
-    label = f"{mode} static" if lowered.quantization == "static" else mode  # dynamic: the line as before static int8
-    try:
-        feeds = dict(lowered.check_feeds) if lowered.check_feeds is not None else random_feeds(spec.path, shapes, fixed=defaults)
-        report = accuracy_report(spec.path, lowered.path, feeds,
-                                 input_label="the first calibration sample" if lowered.check_feeds is not None else "")
-    except GeBackendError as exc:
-        log(f"precision {mode}: no accuracy check: {exc}")
-        if guard:
-            return _fp32(spec, log, f"precision_min_cosine={guard} cannot be checked")
-        return dataclasses.replace(spec, path=lowered.path), f"precision {label} (accuracy not checked), "
-    for number, line in enumerate(report.format_text().splitlines()):
-        log(f"precision {mode} vs fp32: {line}" if number == 0 else line)
-    if guard and not report.cosine >= guard:
-        return _fp32(spec, log, f"cosine similarity {report.cosine:.6f} to fp32 is below precision_min_cosine={guard}")
-    if not report.cosine >= 0.99:
-        log(f"precision {mode}: WARNING cosine similarity {report.cosine:.4f} to fp32 is below 0.99; "
-            f"check the outputs or use precision_mode=origin")
-    return dataclasses.replace(spec, path=lowered.path), f"precision {label} (cosine {report.cosine:.6f} to fp32), "
+    seeded = SeedShapes(_file_shapes(spec), "the first bucket's shape") if spec.static else _seeded_shapes(spec, defaults)
+    return lower(spec, engine_kind, log, defaults, seeded)
 
 
 def _lowerable(spec: ModelSpec, log: Callable[[str], None]) -> ModelSpec:
@@ -154,12 +123,12 @@ def _already_int8(spec: ModelSpec, log: Callable[[str], None]) -> tuple[ModelSpe
     return serving, "precision int8 (the file's own quantization), "
 
 
-def _seeded_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
-    """The shapes of a dynamic graph's seeded inputs (the accuracy check, the calibration samples): the file's dims,
-    config.pbtxt's where the file's are free, and compile/free_dims.py's choice for the rest."""
-    from gebackend.compile.free_dims import config_shapes
+def _seeded_shapes(spec: ModelSpec, defaults: Mapping[str, np.ndarray] | None = None):
+    """The shapes of a dynamic graph's seeded inputs (the accuracy check, the calibration samples) and where they came
+    from: compile/seed_shapes.py's choice (runtime/lowering.py `seeded_shapes`)."""
+    from gebackend.runtime.lowering import seeded_shapes
 
-    return config_shapes(spec.path, spec.inputs, spec.max_batch_size > 0)
+    return seeded_shapes(spec, defaults)
 
 
 def _file_shapes(spec: ModelSpec):
@@ -172,12 +141,11 @@ def _file_shapes(spec: ModelSpec):
 
 
 def _fp32(spec: ModelSpec, log: Callable[[str], None], why: str,
-          refused_by: str = "the accuracy guard") -> tuple[ModelSpec, str]:
-    """The accuracy guard refused the lowered model: the spec serving the original file at fp32."""
-    mode = spec.options.engines.precision_mode
-    log(f"precision {mode}: not served: {why}; serving fp32 (precision_mode=origin) instead")
-    return dataclasses.replace(spec, options=spec.options.replace(precision_mode="origin")), \
-        f"precision origin ({mode} refused by {refused_by}), "
+          refused_by: str = "the accuracy guard", line: str = "") -> tuple[ModelSpec, str]:
+    """The lowered model is not served: the spec serving the original file at fp32 (runtime/lowering.py `fp32`)."""
+    from gebackend.runtime.lowering import fp32
+
+    return fp32(spec, log, why, refused_by, line)
 
 
 def _build(spec: ModelSpec, providers: Sequence, log: Callable[[str], None],

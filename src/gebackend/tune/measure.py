@@ -9,7 +9,8 @@
 - the accuracy guard is the bench's in-process check (`inprocess.Ceiling` + `inprocess.accuracy`: the
   candidate's engine and precision loaded as the backend loads them, cutting padding where every candidate does,
   cosine to a plain fp32 ONNX Runtime session on the user's requests, else on 4 random inputs; the static int8 rungs
-  calibrated on the user's requests where given: config_writer), and the same loaded instance then times a
+  calibrated on the user's requests where given: config_writer; a rung on an engine that cannot read the model, or
+  whose load serves the exact model, is pruned saying why: outcome.Pruned), and the same loaded instance then times a
   request (`request_ms`, about a second), which orders the rungs for screening (numerics_order.py); the fastest
   rung so far stays loaded and one within 1.25x of it is timed again beside it, in interleaved rounds
   (paired_timing.py), before it is released;
@@ -20,6 +21,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 from pathlib import Path
 from typing import Callable
@@ -28,7 +30,7 @@ from gebackend.bench import inprocess, perf_analyzer, scenarios
 from gebackend.bench.runner import Bench, BenchSettings
 from gebackend.tune import config_writer, paired_timing
 from gebackend.tune.numerics_order import Check
-from gebackend.tune.outcome import Measurement, MeasureFailed
+from gebackend.tune.outcome import Measurement, MeasureFailed, Pruned
 from gebackend.tune.space import Candidate, PrecisionRung, make_candidate
 from gebackend.tune.tuned_model import TunedModel
 
@@ -61,6 +63,24 @@ def guard_requests(model: TunedModel, mine: list) -> list:
     requests is a thin check of a precision the tune may write into the winner's config)."""
     mine = list(mine[:ACCURACY_REQUESTS])
     return mine + [random_feeds(model, 1, seed=1 + i) for i in range(ACCURACY_LEAST - len(mine))]
+
+
+def unreadable(engine: str, model: TunedModel) -> str:
+    """Why `engine` cannot serve the model at all (OpenVINO cannot read it: engines/auto_choice.py), or ""."""
+    from gebackend.engines.auto_choice import openvino_refusal
+
+    refused = openvino_refusal(model.onnx_path) if engine == "openvino" else ""
+    return f"{refused}; none of its candidates on {engine} can load" if refused else ""
+
+
+def exact_instead(rung: PrecisionRung, ceiling: inprocess.Ceiling) -> str:
+    """Why the instance loaded for a lowering rung serves the exact model instead (its load line's reason: nothing to
+    quantize, no input size it runs, nothing quantized), or "" where it lowers: such a rung is the origin rung again."""
+    served = ceiling.instances_here[0].executor.spec.options.engines.precision_mode
+    if rung.precision_mode == "origin" or served != "origin":
+        return ""
+    said = re.search(r"precision origin \((.*?)\), (?:dynamic|static) graph", ceiling.how)
+    return f"{rung.name} serves the exact model here: {said.group(1) if said else ceiling.how}"
 
 
 def request_ms(run, seconds: float = TIMING_S, least: int = 3) -> float:
@@ -111,11 +131,18 @@ class BenchMeasurer:
         cand = make_candidate(engine, rung, False, (1, 0), 0 if self.model.max_batch_size else None,
                               self.model.max_batch_size, 0, trim=self.trim)
         cand = replace(cand, key=f"accuracy-{cand.key}")
+        refused = unreadable(engine, self.model)
+        if refused:
+            raise Pruned(refused)
         root = self.repository(cand)
         try:
             ceiling = inprocess.Ceiling(root / self.model.name, self.log)
         except Exception as exc:  # noqa: BLE001 - the reason is the rung's status
             raise MeasureFailed(f"{type(exc).__name__}: {exc}") from None
+        exact = exact_instead(rung, ceiling)
+        if exact:
+            ceiling.close()
+            raise Pruned(exact)
         try:
             cosine = float(self._accuracy(ceiling)["cosine"])
             turns = inprocess.RoundRobin(self.requests)

@@ -12,6 +12,16 @@ from gebackend.tune.space import Candidate
 class MeasureFailed(RuntimeError):
     """A candidate that could not be served or measured (the message is the reason)."""
 
+    said = "failed"  # the accuracy guard's progress line: "failed: <reason>"
+    status = "failed: accuracy check"  # its candidates' status: "failed: accuracy check: <reason>"
+
+
+class Pruned(MeasureFailed):
+    """An (engine, precision rung) whose candidates are left out unmeasured: the engine cannot read the model, or the
+    rung serves the exact model (its lowering does not lower it): "pruned: <reason>"."""
+
+    said = status = "pruned"
+
 
 @dataclass
 class Measurement:

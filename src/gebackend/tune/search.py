@@ -115,7 +115,7 @@ class Search:
         return self
 
     def _accuracy_guard(self) -> None:
-        checked: dict[tuple, float | str] = {}
+        checked: dict[tuple, Check | MeasureFailed | None] = {}
         for outcome in self.outcomes:
             key = outcome.candidate.numerics
             if key not in checked and not self.budget.fits(0):
@@ -125,17 +125,17 @@ class Search:
                 try:
                     checked[key] = self.measurer.accuracy(engine, rung)
                 except MeasureFailed as exc:
-                    checked[key] = str(exc)
+                    checked[key] = exc
                 value = checked[key]
-                text = f"failed: {value}" if isinstance(value, str) else f"cosine {value.cosine:.6f}" + (
+                text = f"{value.said}: {value}" if isinstance(value, MeasureFailed) else f"cosine {value.cosine:.6f}" + (
                     f", {value.run_ms:.1f} ms a request in process" if value.run_ms is not None else "")
                 self.progress(f"[accuracy] {engine} {rung.name} ... {text}")
             value = checked[key]
             if value is None:
                 outcome.status = "skipped: time budget"
                 continue
-            if isinstance(value, str):
-                outcome.status = f"failed: accuracy check: {value}"
+            if isinstance(value, MeasureFailed):
+                outcome.status = f"{value.status}: {value}"
                 continue
             outcome.cosine = value.cosine
             if value.cosine < self.settings.min_cosine:

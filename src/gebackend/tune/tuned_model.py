@@ -1,6 +1,7 @@
 """The model folder under tune: its config, ONNX file and complete IO (filled from the ONNX file), the shapes its
-requests send (a variable dim: what compile/free_dims.py gives seeded requests, VARIABLE_DIM unless the graph says
-otherwise, or the user's --input-data), and why static candidates are left out where they are."""
+requests send (a variable dim: what compile/seed_shapes.py gives seeded requests, the first size the model runs of its
+config, model_warmup, metadata and probed sizes, VARIABLE_DIM where none runs; or the user's --input-data), and why
+static candidates are left out where they are."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from gebackend.config.spec import TensorSpec
 from gebackend.errors import ConfigError
 
 DEFAULT_MAX_BATCH_SIZE = 8  # what the backend gives a batching model whose config does not say (default_max_batch_size)
-VARIABLE_DIM = 16  # a variable non-batch dim is sent as this size (compile.accuracy.random_feeds' default)
+VARIABLE_DIM = 16  # a variable non-batch dim no size is found for is sent as this (random_feeds' default)
 MAX_LENGTHS = 4  # requests of several lengths: at most this many compiled (x each batch bucket)
 
 
@@ -40,6 +41,7 @@ class TunedModel:
     pad_lengths: tuple[int, ...] = ()
     # the user's requests (--input-data, an absolute path) the static int8 rungs calibrate on ("" = seeded samples)
     calibration: str = ""
+    seeded_from: str = ""  # where the seeded requests' variable dims came from (compile/seed_shapes.py)
 
     @classmethod
     def load(cls, model_dir: Path) -> "TunedModel":
@@ -73,10 +75,10 @@ class TunedModel:
                 problem = (f"input {t.name} has no fixed dims (dims {list(t.dims)})" if not t.dims else
                            f"input {t.name} has a variable dim (dims {list(t.dims)}) and the model does not batch")
                 break
-        variable = _seeded_dims(onnx_path, rec.inputs, rec.max_batch_size > 0)
+        variable, seeded_from = _seeded_dims(onnx_path, rec.inputs, rec.max_batch_size > 0, config.get("model_warmup"))
         return cls(model_dir, name, config, config_path.read_text(), onnx_path,
                    config.get("backend") or config.get("platform", ""), rec.max_batch_size, rec.inputs, rec.outputs,
-                   problem, {} if problem else variable)
+                   problem, {} if problem else variable, seeded_from=seeded_from)
 
     def with_requests(self, entries: Sequence[Mapping]) -> "TunedModel":
         """The model measured with the user's requests (perf_analyzer --input-data entries): the static candidates'
@@ -150,12 +152,15 @@ class TunedModel:
                           max_batch_size=self.max_batch_size)
 
 
-def _seeded_dims(onnx_path: Path, inputs: Sequence[TensorSpec], batching: bool) -> dict[str, tuple[int, ...]]:
-    """The dims seeded requests send to each input with a variable dim: compile/free_dims.py's sizes (the channels a
-    Conv reads, a dim named by a sum of others its value; VARIABLE_DIM otherwise)."""
-    from gebackend.compile.free_dims import config_shapes
+def _seeded_dims(onnx_path: Path, inputs: Sequence[TensorSpec], batching: bool,
+                 warmup: Sequence[Mapping] | None = None) -> tuple[dict[str, tuple[int, ...]], str]:
+    """The dims seeded requests send to each input with a variable dim, and where they came from: compile/seed_shapes.py's
+    choice, the first that runs of the config's model_warmup, the file's metadata and probed sizes (224, 320, 640...
+    for an image's sides; the channels a Conv reads, a dim named by a sum of others its value)."""
+    from gebackend.compile.seed_shapes import seed_shapes
 
-    seeded = config_shapes(onnx_path, inputs, batching, default=VARIABLE_DIM)
+    chosen = seed_shapes(onnx_path, inputs, batching, warmup=warmup)
+    seeded = chosen.shapes
     variable = {}
     for t in inputs:
         if -1 not in t.dims:
@@ -163,7 +168,7 @@ def _seeded_dims(onnx_path: Path, inputs: Sequence[TensorSpec], batching: bool) 
         shape = seeded.get(t.name, ())[1 if batching else 0:]
         fits = len(shape) == len(t.dims)
         variable[t.name] = tuple((shape[k] if fits else VARIABLE_DIM) if d == -1 else d for k, d in enumerate(t.dims))
-    return variable
+    return variable, chosen.source + (f" ({chosen.why})" if chosen.runs is False else "")
 
 
 def _shape(tensor) -> tuple[int, ...] | None:

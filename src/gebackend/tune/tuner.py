@@ -182,7 +182,7 @@ def sent_dims(model: TunedModel, input_data: Path | None) -> str:
     """What static candidates compile where inputs have variable dims, and what happens to requests of other dims."""
     dims = "; ".join(f"{name} {list(d)}" for name, d in model.sent_dims.items())
     source = "your requests (--input-data)" if input_data is not None else \
-        "the seeded random requests (--input-data with your own requests compiles theirs)"
+        f"the seeded random requests, {model.seeded_from} (--input-data with your own requests compiles theirs)"
     if model.pad_lengths:
         return (f"static candidates compile '{model.pad_dim}' at the lengths {list(model.pad_lengths)} of your requests "
                 f"(--input-data), each request padded up to the next (bucket_paddable_dims={model.pad_dim}, checked at "
