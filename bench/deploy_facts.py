@@ -33,7 +33,7 @@ import numpy as np
 import psutil
 import tritonclient.http as httpclient
 
-from gebackend.engines import cpu
+from gebackend import cpu
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples" / "model_repository"

@@ -50,7 +50,8 @@ from gebackend.modelzoo.bench_models import DEFAULT_CACHE, models as bench_model
 from gebackend.bench.runner import machine
 from gebackend.compile.calibration import random_samples
 from gebackend.compile.precision import lower_precision
-from gebackend.engines import cpu, registry
+from gebackend import cpu
+from gebackend.engines import registry
 from gebackend.tune import space
 from gebackend.tune.space import PrecisionRung
 from gebackend.tune.tuner import capabilities, installed_engines

@@ -38,7 +38,7 @@ import numpy as np
 from deploy_facts import wait_quiet  # this folder: run as `python bench/scale_out.py`
 from round_robin_proxy import start_proxy
 
-from gebackend.engines import cpu
+from gebackend import cpu
 from gebackend.files import link_or_copy
 
 ROOT = Path(__file__).resolve().parents[1]

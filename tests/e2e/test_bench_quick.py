@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from gebackend.bench import scenarios
-from gebackend.engines import cpu
+from gebackend import cpu
+from gebackend.engines.registry import precision_run
 
 pytestmark = pytest.mark.e2e
 
@@ -51,7 +52,7 @@ def test_bench_quick_writes_its_table_and_plots(tmp_path):
     assert summary["meta"]["duration_s"] < 600
     # The result names its CPU, and the bf16 rung says what it ran on this one (f32 where the CPU has no BF16).
     assert summary["meta"]["machine"].startswith(cpu.describe())
-    bf16 = cpu.precision_run("bf16", "openvino")
+    bf16 = precision_run("bf16", "openvino")
     assert ran["ge_bf16"]["precision_ran"] == bf16.ran
     if bf16.note:
         assert bf16.note in ran["ge_bf16"]["notes"] and bf16.note in table

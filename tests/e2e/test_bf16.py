@@ -13,7 +13,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
-from gebackend.engines import bfloat16
+from gebackend.compile import bfloat16
 from gebackend.modelzoo import build_bf16_affine, build_bf16_mlp
 
 from .conftest import add_model, params

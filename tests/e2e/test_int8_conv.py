@@ -66,7 +66,8 @@ def test_int8_of_a_conv_detector_with_a_bare_config_quantizes_its_convolutions(s
 def test_auto_lowers_the_detector_or_says_why_not(served):
     """What auto chose is said; int8 is checked on the engine that serves it (OpenVINO's int8 kernels may answer NNCF's
     file less closely than ONNX Runtime runs it), and served only where it quantized Conv and stays close to fp32."""
-    from gebackend.engines import auto_choice, cpu
+    from gebackend import cpu
+    from gebackend.engines import auto_choice
     from gebackend.engines.openvino import openvino_capabilities
 
     server, repo = served

@@ -91,7 +91,8 @@ def test_bad_calibration_folder_fails_only_that_model(int8_server):
 
 
 def test_auto_says_what_this_cpu_got_and_serves_close_to_fp32(int8_server):
-    from gebackend.engines import auto_choice, cpu
+    from gebackend import cpu
+    from gebackend.engines import auto_choice
     from gebackend.engines.openvino import openvino_capabilities
 
     server, repo = int8_server

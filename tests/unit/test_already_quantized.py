@@ -16,7 +16,7 @@ from gebackend.compile.precision import quantized_nodes
 from gebackend.config.onnx_signature import read_signature
 from gebackend.config.options import BackendOptions
 from gebackend.config.spec import build_model_spec
-from gebackend.engines import cpu
+from gebackend import cpu
 from gebackend.modelzoo import build_qdq_resnet, build_resnet
 from gebackend.runtime.loader import load_executor
 

@@ -1,4 +1,4 @@
-"""`memory.enable_memory_arena_shrinkage` (engines/arena_shrinkage.py), Triton's onnxruntime backend's key: parsed,
+"""`memory.enable_memory_arena_shrinkage` (config/arena_shrinkage.py), Triton's onnxruntime backend's key: parsed,
 narrowed to the arenas a session has (the peer fails every run otherwise), and carried by every ONNX Runtime run of
 both graph modes."""
 
@@ -9,7 +9,7 @@ import onnx
 import pytest
 
 from gebackend.config.options import parse_options
-from gebackend.engines.arena_shrinkage import RUN_CONFIG_KEY, run_entries
+from gebackend.config.arena_shrinkage import RUN_CONFIG_KEY, run_entries
 from gebackend.errors import ConfigError
 from gebackend.modelzoo import build_add_mul
 

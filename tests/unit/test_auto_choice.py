@@ -11,7 +11,9 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from gebackend.engines import auto_choice, cpu, registry
+from gebackend import cpu
+from gebackend.config import engine_names
+from gebackend.engines import auto_choice, registry
 from gebackend.modelzoo import build_bert, build_resnet
 from gebackend.runtime.instance import InstanceInfo, ModelInstance
 from tests.unit.test_instance import Log
@@ -147,7 +149,7 @@ def test_int8_engine_follows_what_the_model_is_made_of(tmp_path):
         assert engine == "openvino" and "NNCF" in why
     else:
         assert engine == "onnxruntime"
-    assert auto_choice.auto_engine("origin", resnet)[0] == registry.DEFAULT
+    assert auto_choice.auto_engine("origin", resnet)[0] == engine_names.DEFAULT
 
 
 def test_resolve_says_what_it_chose_and_leaves_explicit_choices_alone(tmp_path):

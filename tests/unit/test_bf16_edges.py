@@ -12,7 +12,7 @@ import pytest
 
 from gebackend.compile import bf16_edges
 from gebackend.compile.quantize_static import count_qdq, quantize
-from gebackend.engines import bfloat16
+from gebackend.compile import bfloat16
 from gebackend.modelzoo import build_bf16_mlp, build_add_mul
 
 BF16 = np.dtype(ml_dtypes.bfloat16)

@@ -1,4 +1,4 @@
-"""bfloat16 inputs and outputs (TYPE_BF16) through every engine and graph mode (engines/bfloat16.py): ONNX Runtime's and
+"""bfloat16 inputs and outputs (TYPE_BF16) through every engine and graph mode (compile/bfloat16.py): ONNX Runtime's and
 OpenVINO's Python APIs take and give bfloat16 only as 16-bit buffers; answers equal numpy's own (ml_dtypes)."""
 
 from __future__ import annotations

@@ -1,10 +1,12 @@
-"""What this CPU can run (engines/cpu.py), checked against the CPUs we meet: AVX-512/BF16/AMX Intel and AVX2-only AMD."""
+"""What this CPU can run (cpu.py; engines/registry.py `precision_run`), checked against the CPUs we meet: AVX-512/BF16/AMX
+Intel and AVX2-only AMD."""
 
 from __future__ import annotations
 
 import pytest
 
-from gebackend.engines import cpu
+from gebackend import cpu
+from gebackend.engines.registry import precision_run
 
 INTEL = """processor\t: 0
 vendor_id\t: GenuineIntel
@@ -42,11 +44,11 @@ def test_flags_and_description_name_the_cpu_and_what_it_has(fake_cpu):
 
 def test_int8_without_vnni_says_it_runs_on_avx2_kernels(fake_cpu):
     fake_cpu(AMD)
-    run = cpu.precision_run("int8", "onnxruntime")
+    run = precision_run("int8", "onnxruntime")
     assert run.ran == "int8" and "this CPU has no VNNI" in run.note
     fake_cpu(INTEL)
-    assert cpu.precision_run("int8", "onnxruntime").note == ""
-    assert cpu.precision_run("origin", "onnxruntime") == cpu.PrecisionRun("origin", "f32", "")
+    assert precision_run("int8", "onnxruntime").note == ""
+    assert precision_run("origin", "onnxruntime") == cpu.PrecisionRun("origin", "f32", "")
 
 
 def test_openvino_bf16_and_fp16_on_an_avx2_only_cpu_say_they_ran_f32(monkeypatch):
@@ -54,11 +56,11 @@ def test_openvino_bf16_and_fp16_on_an_avx2_only_cpu_say_they_ran_f32(monkeypatch
     from gebackend.engines import openvino as ov_engine
 
     monkeypatch.setattr(ov_engine, "openvino_capabilities", lambda: ("FP32", "INT8"))  # what OpenVINO reports on AVX2-only
-    assert cpu.precision_run("bf16", "openvino") == cpu.PrecisionRun(
+    assert precision_run("bf16", "openvino") == cpu.PrecisionRun(
         "bf16", "f32", "bf16 requested, this CPU has no BF16: ran f32")
-    assert cpu.precision_run("fp16", "openvino") == cpu.PrecisionRun(
+    assert precision_run("fp16", "openvino") == cpu.PrecisionRun(
         "fp16", "f32", "fp16 requested, this CPU has no FP16: ran f32")
-    assert cpu.precision_run("bf16", "openvino").describe() == "bf16 requested, this CPU has no BF16: ran f32"
+    assert precision_run("bf16", "openvino").describe() == "bf16 requested, this CPU has no BF16: ran f32"
 
 
 def test_the_openvino_load_line_says_what_ran_on_an_avx2_only_cpu(monkeypatch, tmp_path):

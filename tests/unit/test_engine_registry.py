@@ -1,4 +1,5 @@
-"""The engine registry (engines/registry.py): one table of engines by name, each building its own engines."""
+"""The engine registry (engines/registry.py, its names in config/engine_names.py): one table of engines by name, each
+building its own engines."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from gebackend.compile.pipeline import compile_static
 from gebackend.config.options import BackendOptions
 from gebackend.config.onnx_signature import signature_of
 from gebackend.config.spec import build_model_spec
+from gebackend.config import engine_names
 from gebackend.engines import create_engine, create_static_engine, registry
 from gebackend.modelzoo import build_add_mul
 
@@ -27,8 +29,8 @@ def _spec(path, engine: str):
 
 
 def test_every_registered_engine_builds_both_graph_modes_and_they_agree(model_path):
-    names = [n for n in registry.names() if n != "openvino" or pytest.importorskip("openvino")]
-    assert names[0] == "onnxruntime" and set(registry.names()) == {"onnxruntime", "openvino"}
+    names = [n for n in engine_names.names() if n != "openvino" or pytest.importorskip("openvino")]
+    assert names[0] == "onnxruntime" and set(engine_names.names()) == {"onnxruntime", "openvino"}
     feeds = {"x": np.arange(8, dtype=np.float32).reshape(2, 4), "y": np.ones((2, 4), np.float32)}
     outputs = [o.name for o in build_add_mul().graph.output]
     want = None
@@ -65,12 +67,12 @@ def test_an_unknown_engine_is_named_with_the_known_ones():
 def test_the_registry_says_the_default_the_spellings_and_what_auto_prefers(monkeypatch):
     from gebackend.engines import registry
 
-    assert registry.DEFAULT in registry.names() and registry.ALIASES == {"ort": "onnxruntime"}
-    assert registry.spellings() == {**{n: n for n in registry.names()}, "ort": "onnxruntime", "auto": "auto"}
+    assert engine_names.DEFAULT in engine_names.names() and engine_names.ALIASES == {"ort": "onnxruntime"}
+    assert engine_names.spellings() == {**{n: n for n in engine_names.names()}, "ort": "onnxruntime", "auto": "auto"}
     assert registry.kind("ort") is registry.kind("onnxruntime")
     assert registry.kind("onnxruntime").onnxruntime_providers and not registry.kind("openvino").onnxruntime_providers
     monkeypatch.setattr(registry, "installed", lambda name: True)
     assert [registry.auto(p) for p in ("origin", "int8", "bf16", "fp16")] == ["onnxruntime", "onnxruntime", "openvino", "openvino"]
     monkeypatch.setattr(registry, "installed", lambda name: name != "openvino")  # OpenVINO absent: the default
-    assert registry.auto("bf16") == registry.DEFAULT
-    assert registry.CPU_ACCELERATORS == {"openvino": "openvino"}
+    assert registry.auto("bf16") == engine_names.DEFAULT
+    assert engine_names.CPU_ACCELERATORS == {"openvino": "openvino"}

@@ -1,4 +1,4 @@
-"""ONNX's shape inference and checker on the light copy (compile/light.py): the same answers as on the whole model,
+"""ONNX's shape inference and checker on the light copy (config/light.py): the same answers as on the whole model,
 the weights never serialised; a model rebuilt with its own initializers is byte-for-byte the model; ONNX Runtime's
 symbolic shape inference types com.microsoft outputs, and where it stops writes no file and ONNX's answers."""
 
@@ -9,7 +9,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from gebackend.compile import light
+from gebackend.config import light
 from gebackend.compile.specialize import specialize
 from gebackend.modelzoo import build_bert, build_bf16_mlp, build_resnet
 

@@ -15,7 +15,7 @@ from onnx import helper, numpy_helper
 from gebackend.compile import quantize_static
 from gebackend.compile.accuracy import compare, random_feeds
 from gebackend.compile.calibration import random_samples
-from gebackend.engines import cpu
+from gebackend import cpu
 from gebackend.errors import ModelLoadError
 from gebackend.modelzoo import build_bert, build_resnet
 

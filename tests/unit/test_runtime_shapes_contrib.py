@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from onnx import TensorProto, helper
 
-from gebackend.compile import light
+from gebackend.config import light
 from gebackend.compile.runtime_shapes import runtime_shaped, runtime_shaped_outputs
 from gebackend.compile.specialize import specialize
 

@@ -14,6 +14,7 @@ import textwrap
 
 import pytest
 
+from gebackend.compile.ort_session import shared_thread_pool
 from gebackend.config.option_groups import OrtSessionOptions
 from gebackend.engines import onnxruntime as ort_engine
 from gebackend.engines.onnxruntime_static import _thread_pool
@@ -36,7 +37,7 @@ def test_when_the_buckets_share_one_pool(options, buckets, cpu, stub, expected):
 def test_the_test_process_has_no_shared_pool():
     """Nothing the suite loads in this process may make the global pool (later sessions here would be refused)."""
     assert not ort_engine.owns_process()
-    assert ort_engine.shared_thread_pool() is None
+    assert shared_thread_pool() is None
 
 
 def test_shared_thread_pool_is_a_backend_option():
@@ -55,7 +56,7 @@ _CHILD = textwrap.dedent("""
     from pathlib import Path
     import numpy as np, onnx, onnxruntime as ort
     sys.modules["triton_python_backend_utils"] = object()  # as in a Triton backend stub
-    from gebackend.engines import onnxruntime as ort_engine
+    from gebackend.compile import ort_session
     from gebackend.compile.accuracy import reference_outputs
     from gebackend.modelzoo import build_resnet
     from gebackend.runtime.instance import ModelInstance, InstanceInfo
@@ -85,7 +86,7 @@ _CHILD = textwrap.dedent("""
     # a session gebackend makes for itself after the pool exists (the accuracy check's) runs on it too
     again = reference_outputs(folder / "model.onnx", {"image": np.ones((1, 3, 64, 64), np.float32)})
     instance.close()
-    print(json.dumps({"pool": ort_engine.shared_thread_pool(), "worst": worst, "again": len(again),
+    print(json.dumps({"pool": ort_session.shared_thread_pool(), "worst": worst, "again": len(again),
                       "loaded": [l for l in lines if "loaded model.onnx" in l]}))
 """)
 

@@ -134,7 +134,7 @@ def test_an_optimized_file_as_a_static_graph_answers_the_same(fused, attention):
 
 
 def test_a_failing_symbolic_shape_inference_leaves_the_fused_ops_where_they_are(fused, monkeypatch):
-    from gebackend.compile import light
+    from gebackend.config import light
 
     def fails(model):
         raise AssertionError("symbolic shape inference gave up")
@@ -229,7 +229,7 @@ def test_an_optimized_file_as_a_static_graph_knows_every_shape_and_binds_its_out
 
 
 def test_where_the_symbolic_inference_fails_the_static_graph_says_so_and_answers_the_same(fused, monkeypatch):
-    from gebackend.compile import light
+    from gebackend.config import light
     from gebackend.compile.doctor import analyze
 
     def fails(model):

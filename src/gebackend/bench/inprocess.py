@@ -308,8 +308,8 @@ def accuracy(ceiling: Ceiling, model_path: Path, feeds: Mapping[str, np.ndarray]
 def accuracy_on(ceiling: Ceiling, model_path: Path, requests: Sequence[Mapping[str, np.ndarray]]) -> dict:
     """`accuracy` over `requests` (each one request's feeds, of any shapes the model takes), run by the scenario's
     instance as one execute and by the fp32 session one by one."""
-    from gebackend.engines import bfloat16
-    from gebackend.engines.onnxruntime import open_session
+    from gebackend.compile import bfloat16
+    from gebackend.compile.ort_session import open_session
 
     session = open_session(model_path, None)  # onnxruntime's defaults, errors only in the log
     names = [o.name for o in session.get_outputs()]

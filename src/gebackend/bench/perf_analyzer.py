@@ -20,7 +20,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from gebackend.engines.bfloat16 import BF16
+from gebackend.compile.bfloat16 import BF16
 
 ENV_VAR = "GE_PERF_ANALYZER"  # an explicit path to the binary
 UNSTABLE = "Failed to obtain stable measurement"

@@ -30,7 +30,8 @@ import numpy as np
 
 from gebackend.bench import ensemble_runner, inprocess, interleaved_runner, peer, perf_analyzer, report, scenarios, server
 from gebackend.modelzoo.bench_models import DEFAULT_CACHE, BenchModel, models as known_models
-from gebackend.engines import cpu
+from gebackend import cpu
+from gebackend.engines.registry import precision_run
 
 QUICK_MODELS = ("resnet_small",)
 FULL_MODELS = ("cnclip_image", "cnclip_text", "resnet50")
@@ -223,7 +224,7 @@ class Bench:
             self.log(f"bench: {tag}: {missing}")
             return scenario, result, tag
         if scenario.precision != "origin":
-            ran = cpu.precision_run(scenario.precision, scenario.engine, scenario.quantization)
+            ran = precision_run(scenario.precision, scenario.engine, scenario.quantization)
             result["precision_ran"] = ran.ran
             if ran.note:
                 report.note(result, ran.note)

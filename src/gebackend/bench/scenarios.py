@@ -40,7 +40,7 @@ from typing import Sequence
 from gebackend.modelzoo.bench_models import BenchModel
 from gebackend.config import dtypes
 from gebackend.config.onnx_signature import Signature, read_signature
-from gebackend.engines import registry as engine_registry
+from gebackend.config import engine_names
 
 BUCKETS = (1, 2, 4, 8)
 PEER_BACKEND = "onnxruntime"  # gebackend.bench.peer.BACKEND (not imported: this module stays import-light)
@@ -59,7 +59,7 @@ class Scenario:
     instances: int = 1  # 0: no instance_group in config.pbtxt, so Triton's default count for the backend
     cores_per_instance: int = 0
     intra_op_threads: int = 0
-    engine: str = engine_registry.DEFAULT
+    engine: str = engine_names.DEFAULT
     precision: str = "origin"
     quantization: str = ""  # precision int8: the `quantization` option ("" leaves it to the backend: auto)
     requires: tuple[str, ...] = ()  # features: "openvino", "precision", "int8", "nncf", "pinning", "peer"
@@ -267,7 +267,7 @@ def parameters(model: BenchModel, scenario: Scenario) -> dict[str, str]:
         params["intra_op_thread_count"] = str(scenario.intra_op_threads)
     if scenario.cores_per_instance:
         params["cores_per_instance"] = str(scenario.cores_per_instance)
-    if scenario.engine != engine_registry.DEFAULT:
+    if scenario.engine != engine_names.DEFAULT:
         params["engine"] = scenario.engine
     if scenario.precision != "origin":
         params["precision_mode"] = scenario.precision

@@ -9,11 +9,10 @@ from pathlib import Path
 
 import onnx
 
-from gebackend.engines.cpu import describe as cpu_describe
-from gebackend.engines.cpu import precision_run
-from gebackend.engines.registry import kind
-from gebackend.engines.registry import DEFAULT as DEFAULT_ENGINE
-from gebackend.engines.registry import names as engine_names
+from gebackend.config.engine_names import DEFAULT as DEFAULT_ENGINE
+from gebackend.config.engine_names import names as engine_names
+from gebackend.cpu import describe as cpu_describe
+from gebackend.engines.registry import kind, precision_run
 from gebackend.errors import ConfigError, GeBackendError
 
 

@@ -16,20 +16,26 @@ import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping, Sequence, Union
+from typing import Mapping, Protocol, Sequence, Union, runtime_checkable
 
 import numpy as np
 import onnx
 
+from gebackend.compile import bfloat16
 from gebackend.compile.free_dims import concrete_shapes
 from gebackend.config import dtypes
 from gebackend.config.index_bounds import index_bounds
-from gebackend.engines import bfloat16
-from gebackend.engines.base import Engine
 from gebackend.errors import ConfigError, ModelLoadError
 
 ModelSource = Union[str, Path, bytes, onnx.ModelProto]
 TOKEN_ID_LIMIT = 100
+
+
+@runtime_checkable
+class RunsFeeds(Protocol):
+    """A lowered model already built with its precision: an `Engine` (engines/base.py), which runs numpy feeds."""
+
+    def run(self, feeds: Mapping[str, np.ndarray], output_names: Sequence[str]) -> list[np.ndarray]: ...
 
 
 @dataclass(frozen=True)
@@ -121,7 +127,7 @@ def _random(name: str, shape: tuple[int, ...], dtype: np.dtype, rng: np.random.G
 
 
 def _session(model: ModelSource, providers: Sequence):
-    from gebackend.engines.onnxruntime import internal_options, open_session
+    from gebackend.compile.ort_session import internal_options, open_session
 
     # threads explicit: ORT's default pins its own threads
     return open_session(model, internal_options(threads=len(os.sched_getaffinity(0)), spinning=False), providers)
@@ -156,7 +162,7 @@ def reference_outputs(model: ModelSource, feeds: Mapping[str, np.ndarray],
 
 def accuracy_report(
     reference_model: ModelSource,
-    lowered_model: ModelSource | Engine,
+    lowered_model: ModelSource | RunsFeeds,
     feeds: Mapping[str, np.ndarray],
     providers: Sequence = ("CPUExecutionProvider",),
     seed: int = 0,
@@ -165,12 +171,12 @@ def accuracy_report(
     """Run both models on `feeds` and compare each output of the reference with the lowered model's.
 
     The reference runs on ONNX Runtime; the lowered model is an ONNX model (run the same way) or an
-    `Engine` already built with its precision (e.g. OpenVINO with an inference precision hint).
+    `Engine` already built with its precision (`RunsFeeds`; e.g. OpenVINO with an inference precision hint).
     """
     try:
         reference = reference_outputs(reference_model, feeds, providers)
         names, expected = list(reference), list(reference.values())
-        if isinstance(lowered_model, Engine):
+        if isinstance(lowered_model, RunsFeeds):
             got = lowered_model.run(dict(feeds), names)
         else:
             got = bfloat16.run(_session(lowered_model, providers), names, feeds)

@@ -18,8 +18,8 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from gebackend.compile import light
 from gebackend.compile.runtime_shapes import CONTROL_FLOW, DEFAULT_DOMAINS, NONDETERMINISTIC
+from gebackend.config import light
 
 PREVIEW_MAX_ELEMENTS = 16
 QUANTIZED_WEIGHT_OPS = ("DequantizeLinear",)  # of constants: a QDQ model's int8 weight, kept (see above)
@@ -200,7 +200,7 @@ def _evaluate(model: onnx.ModelProto, outputs: Sequence[str], types: Mapping[str
     """Compute `outputs` with onnxruntime, falling back to onnx's reference evaluator."""
     sub = _evaluation_model(model, outputs, types)
     try:
-        from gebackend.engines.onnxruntime import internal_options, open_session
+        from gebackend.compile.ort_session import internal_options, open_session
 
         session = open_session(sub, internal_options(optimize=False))
         return dict(zip(outputs, session.run(list(outputs), {})))

@@ -30,7 +30,6 @@ from gebackend.compile.constants import (
     label,
     types_of,
 )
-from gebackend.compile.light import CONTRIB_DOMAIN
 from gebackend.compile.runtime_shapes import (
     CONTROL_FLOW,
     DATA_DEPENDENT,
@@ -39,6 +38,7 @@ from gebackend.compile.runtime_shapes import (
     runtime_shaped_outputs,
 )
 from gebackend.compile.unused_rows import pass_record
+from gebackend.config.light import CONTRIB_DOMAIN
 
 __all__ = ["PREVIEW_MAX_ELEMENTS", "DoctorReport", "FoldableGroup", "StaticBreak", "analyze", "find_foldable", "fix",
            "host_ops", "static_node_names"]
@@ -231,7 +231,7 @@ def host_ops(model: onnx.ModelProto, providers: Sequence[str] | None = None) -> 
         accelerators = [p for p in candidates if p in available and p not in _HOST_PROVIDERS]
         if not accelerators:
             return None, "no accelerator execution provider available"
-        from gebackend.engines.onnxruntime import internal_options, open_session
+        from gebackend.compile.ort_session import internal_options, open_session
 
         session = open_session(model, internal_options(config={"session.record_ep_graph_assignment_info": "1"}),
                                [accelerators[0], "CPUExecutionProvider"])

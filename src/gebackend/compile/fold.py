@@ -23,8 +23,9 @@ import logging
 
 import onnx
 
-from gebackend.compile import light, upgrade
+from gebackend.compile import upgrade
 from gebackend.compile.graph_pass import GraphPass, PassContext, PassSkipped, reason
+from gebackend.config import light
 
 # Fusion invents (custom) op types; dead-node elimination erases the Mul-by-ones/Add-of-zeros the engines' own
 # fusions match (see above); common-subexpression elimination merges nodes whose weights are equal by value

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import onnx
 
-from gebackend.compile import light
 from gebackend.compile.row_rules import node_subgraph_reads, subgraph_reads
+from gebackend.config import light
 
 
 def in_order(nodes: list[onnx.NodeProto]) -> list[onnx.NodeProto]:

@@ -39,9 +39,9 @@ from typing import Callable, Sequence
 
 import onnx
 
-from gebackend.compile import light
 from gebackend.compile.untie import untie_constants
 from gebackend.compile.unused_rows import kept_rows_only
+from gebackend.config import light
 from gebackend.errors import ModelLoadError
 
 PRECISIONS = ("origin", "fp16", "bf16", "int8")

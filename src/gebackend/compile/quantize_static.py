@@ -42,7 +42,7 @@ import numpy as np
 import onnx
 
 from gebackend.compile import bf16_edges
-from gebackend.engines.cpu import VNNI_FLAGS
+from gebackend.cpu import VNNI_FLAGS
 from gebackend.errors import ModelLoadError
 
 QDQ_OPS = ("QuantizeLinear", "DequantizeLinear")
@@ -82,7 +82,7 @@ def _large(path: Path) -> bool:
 
 def _cpu(flags: Iterable[str] | None, machine: str | None) -> tuple[frozenset, str]:
     if flags is None:
-        from gebackend.engines import cpu
+        from gebackend import cpu
 
         flags = cpu.flags()
     return frozenset(flags), (machine or platform.machine()).lower()

@@ -21,8 +21,8 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from gebackend.compile import light
 from gebackend.compile.upgrade import default_opset
+from gebackend.config import light
 
 Dim = int | str | None  # a fixed dim, a symbolic one, or unknown
 

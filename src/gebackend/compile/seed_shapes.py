@@ -199,7 +199,7 @@ def _tried(failed: list[str]) -> str:
 
 
 def _runner(path: Path):
-    from gebackend.engines.onnxruntime import internal_options, open_session
+    from gebackend.compile.ort_session import internal_options, open_session
 
     options = internal_options(threads=len(os.sched_getaffinity(0)), spinning=False)
     options.log_severity_level = 4  # a size the model refuses is expected here: no error in the server's log

@@ -13,8 +13,8 @@ from collections.abc import Callable, Mapping, Sequence
 
 import onnx
 
-from gebackend.compile import light
 from gebackend.compile.graph_pass import GraphPass, PassContext
+from gebackend.config import light
 from gebackend.errors import ConfigError
 
 Warn = Callable[[str, str], None]  # (pass, reason)

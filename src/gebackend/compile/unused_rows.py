@@ -32,6 +32,7 @@ from gebackend.compile.graph_pass import GraphPass, PassContext, reason
 from gebackend.compile.node_writer import NodeWriter
 from gebackend.compile.row_rules import GraphView, Rows, attribute, outputs_follow_rows, plan, recomputed_outputs
 from gebackend.compile.upgrade import default_opset
+from gebackend.config.row_selections import selections
 
 METADATA_KEY = "gebackend.unused_rows"  # on a compiled graph: "<nodes moved> <nodes added>" (`pass_record`)
 _END = np.iinfo(np.int64).max  # a Slice's end past any length
@@ -279,8 +280,8 @@ def prune_unused_rows(model: onnx.ModelProto, limit: int = 16) -> tuple[onnx.Mod
     now do, an attention left with the kept query rows reading its keys and values through their weights
     (compile/kept_query_attention.py: those projections' nodes counted too); `model` itself and 0 when none can (no
     selection of a tensor computed row by row, or an opset below `MIN_OPSET`). At most `limit` selections are moved.
-    A model without a selection (`selections`) costs no shape inference (ResNet-50: 1 ms against 120 for the graph's
-    view, per static bucket and per lowering)."""
+    A model without a selection (`selections`, config/row_selections.py) costs no shape inference (ResNet-50: 1 ms
+    against 120 for the graph's view, per static bucket and per lowering)."""
     if (default_opset(model) or 0) < MIN_OPSET or not selections(model):
         return model, 0
     model, total, view = _prune(model, limit)
@@ -315,23 +316,6 @@ def kept_rows_only(model: onnx.ModelProto, log: Callable[[str], None], what: str
         log(f"{what}: {moved} node(s) compute only the rows of a sequence the outputs keep (the first token), "
             f"before quantizing")
     return pruned
-
-
-def selections(model: onnx.ModelProto) -> tuple[str, ...]:
-    """The outputs of the nodes that may keep some rows of a computed tensor (a Gather of one constant index, a Slice
-    of constant bounds on one axis), found without shape inference: where there are none, the pass has nothing to do."""
-    constants = {init.name for init in model.graph.initializer} | {
-        node.output[0] for node in model.graph.node if node.op_type == "Constant" and node.output}
-    computed = {out: node.op_type for node in model.graph.node for out in node.output}
-    found = []
-    for node in model.graph.node:
-        if node.domain not in ("", "ai.onnx") or node.op_type not in ("Gather", "Slice") or len(node.input) < 2:
-            continue
-        if computed.get(node.input[0]) in (None, "Shape", "Constant"):
-            continue
-        if all(name in constants for name in node.input[1:] if name):
-            found.append(node.output[0])
-    return tuple(found)
 
 
 def served_kept_rows(path: Path, signature, log: Callable[[str], None] = lambda message: None,

@@ -70,7 +70,7 @@ def channel_slopes(model: onnx.ModelProto) -> onnx.ModelProto:
     PRelu needs it or an input's rank is unknown. For a model below opset 7 only."""
     from onnx import helper
 
-    from gebackend.compile.light import infer_shapes
+    from gebackend.config.light import infer_shapes
 
     if not any(node.op_type == "PRelu" for node in model.graph.node):
         return model

@@ -21,10 +21,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any, Callable, Mapping
 
-from gebackend.engines import registry
+from gebackend.config import engine_names
 from gebackend.errors import ConfigError
 
-CPU_ACCELERATORS = tuple(registry.CPU_ACCELERATORS)
+CPU_ACCELERATORS = tuple(engine_names.CPU_ACCELERATORS)
 GPU_ACCELERATORS = ("tensorrt", "cuda")
 
 

@@ -15,6 +15,7 @@ import onnx
 
 from gebackend.config import dtypes
 from gebackend.config.index_bounds import IndexBound, LengthLimit, index_bounds, length_limits
+from gebackend.config.row_selections import selections
 from gebackend.config.training_mode import training_nodes
 from gebackend.errors import ConfigError
 
@@ -95,8 +96,6 @@ def signature_of(model: onnx.ModelProto) -> Signature:
     defaults = () if model.ir_version < 4 else tuple(
         _tensor(v, "input") for v in model.graph.input if v.name in initializers)
     unzipped_names = tuple(v.name for v in model.graph.output if v.name in zipped) if served is not None else ()
-    from gebackend.compile.unused_rows import selections
-
     return Signature(inputs, outputs, defaults, unzipped_names, training_nodes(model), selections(model))
 
 

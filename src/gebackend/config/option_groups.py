@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from gebackend.config.accelerators import Accelerators
-from gebackend.engines import registry
+from gebackend.config import engine_names
 
 
 @dataclass(frozen=True)
@@ -31,7 +31,7 @@ class OrtSessionOptions:
     disabled_optimizers: tuple[str, ...] | None = None
     disable_prepacking: bool = False  # ORT packs MatMul weights per session: off saves ~the MatMul weights per bucket
     # the arenas every ORT run shrinks back ("cpu:0", "cpu:0;gpu:0"; Triton's onnxruntime backend key
-    # memory.enable_memory_arena_shrinkage): engines/arena_shrinkage.py
+    # memory.enable_memory_arena_shrinkage): config/arena_shrinkage.py
     arena_shrinkage: str = ""
     # ORT's session.use_device_allocator_for_initializers (the peer's key since 2025): "1" allocates the initializers
     # with the device's allocator instead of the arena, "0" not; "": ORT's default (not)
@@ -78,7 +78,7 @@ class EngineChoice:
     """Which engine runs a model, at what precision, where (engines/, engines/providers/, compile/precision.py,
     compile/calibration.py)."""
 
-    engine: str = registry.DEFAULT  # a name in engines/registry.py, or "auto" (what is installed and fastest here)
+    engine: str = engine_names.DEFAULT  # a name in config/engine_names.py, or "auto" (the fastest installed here)
     precision_mode: str = "origin"  # "origin" (exact, as given) | "fp16" | "bf16" | "int8" | "auto" (engines/auto_choice.py)
     # a lowered model (int8, fp16) whose cosine similarity to fp32 on the accuracy check is below this is not served:
     # fp32 is, and the log says so. 0: only a warning below 0.99; precision_mode=auto: 0.99 unless set

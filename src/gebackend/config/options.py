@@ -31,8 +31,7 @@ from gebackend.config.accelerators import parse_accelerators
 from gebackend.config.ge_keys import ALIASES, PRECISION_V1, is_ge_family
 from gebackend.config.option_groups import BackendOptions
 from gebackend.control import env
-from gebackend.engines import arena_shrinkage
-from gebackend.engines import registry as engine_registry
+from gebackend.config import arena_shrinkage, engine_names
 from gebackend.errors import ConfigError
 
 ENV_VAR = env.BACKEND_CONFIG  # the server-wide options the CLI passes (control/env.py)
@@ -214,7 +213,7 @@ _KEYS: dict[str, tuple[str, Callable[[str], Any]]] = {
                                         "on": "true", "dynamic": "dynamic"})),
     "profiling_dir": ("profiling_dir", str.strip),
     "dump_graph": ("dump_graph", _bool),
-    "engine": ("engine", _choice(engine_registry.spellings())),
+    "engine": ("engine", _choice(engine_names.spellings())),
     "precision_mode": ("precision_mode", _choice(_PRECISIONS)),
     "session.ge.exec.precision_mode_v2": ("precision_mode", _choice(_PRECISIONS)),
     "cores_per_instance": ("cores_per_instance", _non_negative_int),
@@ -336,7 +335,7 @@ def _config_sections(model_name: str, model_config: Mapping[str, Any], values: d
         values["accelerators"] = accelerators
         sources["accelerators"] = "optimization.execution_accelerators"
     if accelerators.cpu:  # the peer's cpu_execution_accelerator: the engine that runs it
-        values["engine"] = engine_registry.CPU_ACCELERATORS[accelerators.cpu[0]]
+        values["engine"] = engine_names.CPU_ACCELERATORS[accelerators.cpu[0]]
         sources["engine"] = "optimization.execution_accelerators"
     libraries = (model_config.get("model_operations") or {}).get("op_library_filename") or []
     if libraries:  # the peer registers each with every session (RegisterCustomOpsLibrary)

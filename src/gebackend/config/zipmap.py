@@ -50,7 +50,7 @@ def unzipped(model: onnx.ModelProto) -> onnx.ModelProto | None:
     zipmaps = _zipmaps(model)
     if not zipmaps:
         return None
-    from gebackend.compile.light import infer_shapes
+    from gebackend.config.light import infer_shapes
 
     try:
         shapes = {v.name: v.type for v in infer_shapes(model, data_prop=False).graph.value_info}

@@ -34,7 +34,7 @@ from typing import Callable, Iterable
 
 from gebackend.compile.int8_route import weighted_op_counts
 from gebackend.engines import registry
-from gebackend.engines.cpu import VNNI_FLAGS
+from gebackend.cpu import VNNI_FLAGS
 
 AUTO_MIN_COSINE = 0.99
 

@@ -8,11 +8,14 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 import numpy as np
-import onnx
 import onnxruntime as ort
 from onnxruntime.capi import onnxruntime_pybind11_state as ort_state
 
+from gebackend.compile import bfloat16
+from gebackend.compile.ort_session import on_the_pool, open_session
+from gebackend.config import arena_shrinkage
 from gebackend.config.option_groups import BackendOptions, OrtSessionOptions
+from gebackend.cpu import PrecisionRun, int8_note
 from gebackend.engines.base import (
     Engine,
     EngineInputError,
@@ -21,8 +24,6 @@ from gebackend.engines.base import (
     ProfilingSwap,
     monotonic_from_wall_ns,
 )
-from gebackend.engines.cpu import PrecisionRun, int8_note
-from gebackend.engines import arena_shrinkage, bfloat16
 from gebackend.engines.providers import Selection, as_selection, run_options_config
 from gebackend.engines.registry import EngineKind
 from gebackend.errors import ModelLoadError
@@ -54,22 +55,6 @@ def disabled_optimizers(options: OrtSessionOptions, static: bool, device: str = 
     return list(STATIC_CPU_DISABLED_OPTIMIZERS) if static and device == "cpu" else []
 
 
-#: The intra-op threads of this process's shared thread pool (ONNX Runtime's global pool), once it is made; None:
-#: every session has a pool of its own. Once it exists, ONNX Runtime refuses any session in the process that asks
-#: for a pool of its own, so every session made here (`session_options`, `internal_options`) runs on it.
-_shared_pool_threads: int | None = None
-
-
-def share_thread_pool(threads: int) -> int:
-    """Make every session of this process run on one intra-op thread pool of `threads` threads (0: ONNX Runtime's
-    default, one per core). Once per process: a second call keeps the pool the first made; returns its size."""
-    global _shared_pool_threads
-    if _shared_pool_threads is None:
-        ort_state.set_global_thread_pool_sizes(int(threads), 1)
-        _shared_pool_threads = int(threads)
-    return _shared_pool_threads
-
-
 def owns_process() -> bool:
     """Whether this process is a Triton backend stub, which Triton starts for one model instance alone: there a
     setting for the whole process (the shared thread pool) is the instance's to make. Elsewhere (tests, the bench's
@@ -77,20 +62,9 @@ def owns_process() -> bool:
     return "triton_python_backend_utils" in sys.modules
 
 
-def shared_thread_pool() -> int | None:
-    """The size of this process's shared thread pool (0: ONNX Runtime's default), or None when there is none."""
-    return _shared_pool_threads
-
-
-def _on_the_pool(so: ort.SessionOptions) -> ort.SessionOptions:
-    if _shared_pool_threads is not None:
-        so.use_per_session_threads = False
-    return so
-
-
 def session_options(options: OrtSessionOptions) -> ort.SessionOptions:
     """Translate our options into ONNX Runtime's, as Triton's onnxruntime_backend names them."""
-    so = _on_the_pool(ort.SessionOptions())
+    so = on_the_pool(ort.SessionOptions())
     so.intra_op_num_threads = options.intra_op_thread_count
     so.inter_op_num_threads = options.inter_op_thread_count
     so.execution_mode = (
@@ -137,42 +111,9 @@ def register_custom_ops(so: ort.SessionOptions, libraries: Sequence[str]) -> ort
     return so
 
 
-def open_session(source, so: ort.SessionOptions | None = None, providers: Sequence = ("CPUExecutionProvider",),
-                 disabled: Sequence[str] = (), fallback: bool = True) -> ort.InferenceSession:
-    """The one place an ONNX Runtime session is made: `source` is a path, serialized bytes or a ModelProto.
-
-    `fallback=False` switches ONNX Runtime's Python fallback off: a session whose accelerator fails to start (or
-    refuses a graph capture) raises instead of being made on the CPU unasked; the engines serving on an accelerator
-    pass it (`device_fallback=cpu` is the user's way to ask for the CPU; engines/providers/)."""
-    if isinstance(source, onnx.ModelProto):
-        source = source.SerializeToString()
-    elif not isinstance(source, bytes):
-        source = str(source)
-    return ort.InferenceSession(source, sess_options=so if so is not None else internal_options(),
-                                providers=list(providers), disabled_optimizers=list(disabled),
-                                **({} if fallback else {"enable_fallback": 0}))
-
-
-def internal_options(optimize: bool = True, threads: int | None = None, spinning: bool | None = None,
-                     config: Mapping[str, str] | None = None) -> ort.SessionOptions:
-    """Session options for gebackend's own runs (constant evaluation, the doctor, dumps, accuracy checks): errors
-    only in the log; `optimize=False` runs the graph as written; `threads`/`spinning` when the caller decides them."""
-    so = _on_the_pool(ort.SessionOptions())
-    so.log_severity_level = 3
-    if not optimize:
-        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    if threads is not None:
-        so.intra_op_num_threads = threads
-    if spinning is not None:
-        so.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
-    for key, value in (config or {}).items():
-        so.add_session_config_entry(key, value)
-    return so
-
-
 def arena_run_config(options: OrtSessionOptions, selection: Selection) -> tuple[dict[str, str], str]:
     """The RunOptions entries of `memory.enable_memory_arena_shrinkage` this session has arenas for, and the load
-    line's words on them (engines/arena_shrinkage.py)."""
+    line's words on them (config/arena_shrinkage.py)."""
     gpu = selection.device_id if selection.device == "cuda" else None
     return arena_shrinkage.run_entries(options.arena_shrinkage, options.enable_mem_arena, gpu)
 

@@ -24,7 +24,7 @@ input's values decide a shape (Resize scales, Col2Im block shape: zeros there ca
 A graph with a string input or output (IOBinding takes none) runs through `session.run` on its session.
 
 In a Triton backend stub (one instance per process) the buckets' sessions on the CPU share one intra-op thread
-pool, ONNX Runtime's global pool for the process (`shared_thread_pool`, engines/onnxruntime.py), instead of a pool
+pool, ONNX Runtime's global pool for the process (`shared_thread_pool`, compile/ort_session.py), instead of a pool
 each whose spinning threads would take the cores from the bucket running next.
 """
 
@@ -43,6 +43,9 @@ import onnxruntime as ort
 from onnxruntime.capi import onnxruntime_pybind11_state as ort_state
 from onnx import numpy_helper
 
+from gebackend.compile.graph import CompiledGraph
+from gebackend.compile.ort_session import open_session, share_thread_pool, shared_thread_pool
+from gebackend.config.light import tensor_bytes
 from gebackend.config.options import BackendOptions
 from gebackend.config.option_groups import OrtSessionOptions
 from gebackend.engines.base import (
@@ -57,13 +60,10 @@ from gebackend.engines.base import (
     warm_up,
 )
 from gebackend.engines.onnxruntime import (arena_run_config, custom_ops_hint, describe_provider, describe_tuning,
-                                           disabled_optimizers, open_session, owns_process, session_options,
-                                           share_thread_pool, shared_thread_pool)
+                                           disabled_optimizers, owns_process, session_options)
 from gebackend.engines.ort_binding import BoundSession
 from gebackend.engines.static_weights import WeightsFile
 from gebackend.engines.providers import as_selection, run_options_config
-from gebackend.compile.graph import CompiledGraph
-from gebackend.compile.light import tensor_bytes
 from gebackend.errors import ModelLoadError
 
 SHARE_MIN_BYTES = 1024  # smaller initializers are not worth sharing

@@ -35,11 +35,11 @@ import openvino as ov
 import openvino.properties as props
 import openvino.properties.hint as hints
 
+from gebackend.compile.bfloat16 import from_ov, ov_dtype, ov_tensor
 from gebackend.config.index_bounds import first_outside
 from gebackend.config.options import BackendOptions
+from gebackend.cpu import PrecisionRun, fallback_note, int8_note
 from gebackend.engines.base import Engine, EngineInputError, EngineRunError, ProfiledSession, ProfilingSwap
-from gebackend.engines.bfloat16 import from_ov, ov_dtype, ov_tensor
-from gebackend.engines.cpu import PrecisionRun, fallback_note, int8_note
 from gebackend.engines.openvino_device import (CPU_DEVICE, Device, capabilities as device_capabilities, core,  # noqa: F401
                                               full_name, plugin_config, resolve_device, version)
 from gebackend.engines.openvino_profile import PROVIDER, _Profile, _profile_file  # noqa: F401 - PROVIDER: for callers

@@ -32,9 +32,9 @@ from typing import Mapping, Sequence
 import numpy as np
 import openvino as ov
 
+from gebackend.compile.bfloat16 import from_ov
 from gebackend.config.options import BackendOptions
 from gebackend.engines.base import EngineRunError, ProfiledSession, ProfilingSwap, StaticEngine, bucket_label, warm_up
-from gebackend.engines.bfloat16 import from_ov
 from gebackend.engines.openvino import _Compiled, _describe, _message, _read, resolve_device, resolve_precision
 from gebackend.engines.openvino_profile import _Profile, _profile_file
 from gebackend.errors import ModelLoadError

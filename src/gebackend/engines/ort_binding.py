@@ -15,7 +15,7 @@ from typing import Mapping, Protocol, Sequence
 import numpy as np
 import onnxruntime as ort
 
-from gebackend.engines import bfloat16
+from gebackend.compile import bfloat16
 from gebackend.engines.providers import run_options_config
 from gebackend.errors import ModelLoadError
 

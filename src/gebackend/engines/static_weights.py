@@ -18,7 +18,7 @@ from typing import Mapping
 import numpy as np
 import onnx
 
-from gebackend.compile.light import with_initializers
+from gebackend.config.light import with_initializers
 
 ALIGN = 4096  # each weight starts on a page: ONNX Runtime can map it in place
 WEIGHTS_FILE = "weights.bin"

@@ -51,8 +51,8 @@ def run_everything(model_path: str | Path, feeds: Mapping[str, np.ndarray]) -> t
     """The model and the value of every graph input and node output for `feeds`."""
     import onnx
 
-    from gebackend.engines import bfloat16
-    from gebackend.engines.onnxruntime import internal_options, open_session
+    from gebackend.compile import bfloat16
+    from gebackend.compile.ort_session import internal_options, open_session
 
     model = onnx.load(str(model_path))
     session = open_session(exposed_model(model), internal_options(optimize=False))

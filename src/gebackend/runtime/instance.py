@@ -290,7 +290,8 @@ def _resolve_auto(options: BackendOptions, path: Path, signature: Signature,
     choice = options.engines
     if "auto" not in (choice.engine, choice.precision_mode):
         return options, ""
-    from gebackend.engines import auto_choice, cpu
+    from gebackend import cpu
+    from gebackend.engines import auto_choice
 
     def openvino_capabilities():  # imported only where OpenVINO is installed and asked
         from gebackend.engines.openvino import openvino_capabilities

@@ -164,7 +164,7 @@ def _refusal(spec: ModelSpec, engine_kind, seeded: SeedShapes) -> tuple[str, str
 
 
 def _say_what_runs(mode: str, engine_kind, quantization: str, log: Log) -> None:
-    from gebackend.engines.cpu import precision_run
+    from gebackend.engines.registry import precision_run
 
     ran = precision_run(mode, engine_kind.name, quantization)
     if ran.note:

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from gebackend.engines.bfloat16 import BF16
+from gebackend.compile.bfloat16 import BF16
 
 _KDL_BFLOAT = 4  # DLDataTypeCode kDLBfloat
 

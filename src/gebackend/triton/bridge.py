@@ -23,7 +23,7 @@ from gebackend.config.spec import reconcile
 from gebackend.errors import GeBackendError, InvalidRequest, named
 from gebackend.runtime.instance import InstanceInfo, ModelInstance, parsed_options
 from gebackend.runtime.sequence_state import SequenceKey
-from gebackend.engines.bfloat16 import BF16
+from gebackend.compile.bfloat16 import BF16
 from gebackend.triton.bf16_tensors import bf16_tensor, read_bf16
 from gebackend.triton.metrics import BackendMetrics
 from gebackend.runtime.strings import to_engine, to_triton

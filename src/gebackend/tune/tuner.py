@@ -42,9 +42,10 @@ def _stderr(line: str) -> None:
 
 
 def installed_engines() -> tuple[str, ...]:
+    from gebackend.config import engine_names
     from gebackend.engines import registry
 
-    return tuple(n for n in registry.names() if registry.installed(n))
+    return tuple(n for n in engine_names.names() if registry.installed(n))
 
 
 @functools.cache
@@ -85,7 +86,8 @@ def machine_space(settings: TuneSettings, model: TunedModel, slow: space.Slow,
 
 def slow_rungs(model: TunedModel, cpu_flags: Iterable[str] | None = None) -> space.Slow:
     """Which (engine, rung) pairs are expected to lose on this CPU for `model`, and why (auto_choice's rule)."""
-    from gebackend.engines import auto_choice, cpu
+    from gebackend import cpu
+    from gebackend.engines import auto_choice
 
     flags = frozenset(cpu.flags() if cpu_flags is None else cpu_flags)
     int8_on_openvino = auto_choice.openvino_int8_slow(flags, model.onnx_path)
@@ -107,7 +109,8 @@ def favoured_rungs(model: TunedModel, cpu_flags: Iterable[str] | None = None,
     the same order held through Triton. Without VNNI, on AVX2-only AMD EPYCs through Triton, NNCF's int8 of the
     convolution models served 1.5-1.9x the exact graph on a Zen 3 (ResNet-50, resnet_small) and 1.05x on a Zen 1,
     never less, while on MatMul models it ran at half its f32 (`slow_rungs`) (docs/tuning.md)."""
-    from gebackend.engines import auto_choice, cpu
+    from gebackend import cpu
+    from gebackend.engines import auto_choice
 
     flags = frozenset(cpu.flags() if cpu_flags is None else cpu_flags)
     caps = frozenset(capabilities(installed_engines()) if openvino_caps is None else openvino_caps)

@@ -1,5 +1,7 @@
-"""bfloat16 tensors (TYPE_BF16) at the engines' edges: numpy has no bfloat16 of its own (ml_dtypes gives one, as onnx
-and tritonclient use), and neither engine's Python API takes or gives it as such an array.
+"""bfloat16 tensors (TYPE_BF16) at the engines' edges and in gebackend's own runs (the accuracy checks, dumps): numpy
+has no bfloat16 of its own (ml_dtypes gives one, as onnx and tritonclient use), and neither engine's Python API takes
+or gives it as such an array. It lives below the engines: compile's own ONNX Runtime runs (compile/accuracy.py) need
+it too.
 
 - ONNX Runtime: `session.run` refuses a bfloat16 array and returns no bfloat16 output; a session with a bfloat16 input
   or output runs with OrtValues instead, made from the array's 16-bit buffer as the ONNX type, its outputs read

@@ -11,6 +11,8 @@ input of its own type and dims instead (the same to shape inference and to the c
 and so `infer_shapes`, type a graph that has such operators with it, where ONNX's inference would leave their outputs
 and everything they feed without dims (a static graph of such a file would keep its shape arithmetic and allocate
 its outputs on every run).
+
+Read by the graph passes (compile/) and by the signature of a classifier's ZipMap outputs (config/zipmap.py).
 """
 
 from __future__ import annotations

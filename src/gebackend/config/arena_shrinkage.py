@@ -5,7 +5,9 @@ An arena keeps the memory a run took for the next one; shrinking returns what a 
 chunk, which matters to a model whose inputs vary in size (a long request's buffers are not kept for the short ones
 after it), at the cost of allocating again. ONNX Runtime fails every run whose list names a device without an arena
 (the CPU arena with `enable_mem_arena` off, a GPU the session does not run on), and so does the peer, request after
-request. Here the entries this session has an arena for are kept and the others dropped at load, saying why.
+request. Here the entries this session has an arena for are kept and the others dropped at load, saying why: the
+option's parser (`parse`, read by config/options.py) and the entries a session keeps (`run_entries`, read by
+engines/onnxruntime.py).
 """
 
 from __future__ import annotations

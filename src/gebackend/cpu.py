@@ -1,5 +1,6 @@
-"""What this CPU can run: its model name and instruction-set flags, and the precision a `precision_mode` really
-runs at here (each engine says, through engines/registry.py; OpenVINO asks its CPU plugin's capabilities).
+"""What this CPU can run: its model name and instruction-set flags, and what a `precision_mode` run comes to here
+(`PrecisionRun`; each engine says which, through engines/registry.py `precision_run`; OpenVINO asks its CPU plugin's
+capabilities). Read by every layer: the int8 quantizer's weight range, the engines, the reports.
 
 CPUs differ between machines (an Intel with AVX-512, BF16 and AMX; an AMD with AVX2 only, where OpenVINO
 reports `FP32, INT8`), so nothing downstream assumes a feature: it asks here, and every report that asked
@@ -65,23 +66,6 @@ def describe() -> str:
 
 def fallback_note(requested: str, missing: str, ran: str) -> str:
     return f"{requested} requested, this CPU has no {missing}: ran {ran}"
-
-
-def precision_run(mode: str, engine: str, quantization: str = "") -> PrecisionRun:
-    """What `precision_mode` `mode` runs at on `engine` on this CPU: each engine says (engines/registry.py).
-
-    `quantization` (int8: "dynamic" | "static", as compile/precision.py resolved it) heads the note with how the
-    int8 model was made: "int8 static (ONNX Runtime, QDQ)", "int8 static (NNCF, QDQ)", "int8 dynamic (ONNX Runtime)".
-    """
-    from gebackend.engines.registry import kind
-
-    engine_kind = kind(engine)
-    run = engine_kind.precision_run(mode)
-    if mode != "int8" or quantization not in ("dynamic", "static") or run.note.startswith(f"int8 {quantization}"):
-        return run
-    tool = "NNCF, QDQ" if engine_kind.static_quantizer == "nncf" else "ONNX Runtime, QDQ"
-    how = f"int8 static ({tool})" if quantization == "static" else "int8 dynamic (ONNX Runtime)"
-    return PrecisionRun(mode, run.ran, "; ".join(n for n in (how, run.note) if n))
 
 
 def int8_note(mode: str) -> str:
