@@ -132,7 +132,7 @@ def test_the_accuracy_guard_checks_int8_on_the_dims_config_pbtxt_gives(tmp_path,
             assert instance.executor.spec.options.engines.precision_mode == "origin", lines
             assert "no input size the model runs was found to check it on (pixels:[1, 3, 224, 224] (probed 224x224)" \
                 in lines, lines
-            assert re.search(r"precision origin \(int8: no input size the model runs was found, 11 tried; give the "
+            assert re.search(r"precision origin \(int8: no input size the model runs was found, 16 tried; give the "
                              r"sizes as dims in config.pbtxt", instance.how), instance.how
         pixels = np.random.default_rng(1).standard_normal((2, 3, 8, 8)).astype(np.float32)
         got = instance.execute([{"pixels": pixels}])[0]["y"]

@@ -93,16 +93,29 @@ def test_the_quantized_ops_are_counted_from_the_lowered_file(tmp_path):
     assert int8_route.quantized_in(neck).describe() == "0 of 3 Conv quantized"  # the fp32 file: none
 
 
-def test_int8_of_a_conv_detector_with_a_bare_config_quantizes_it_at_a_size_it_runs(tmp_path):
+def test_int8_of_a_conv_detector_with_a_bare_config_serves_fp32_and_says_what_it_needs(tmp_path):
     folder = _folder(tmp_path, "neck", build_detector_neck())
-    instance, log = _load(folder, precision_mode="int8")
+    instance, _ = _load(folder, precision_mode="int8")
+    try:
+        assert instance.executor.spec.options.engines.precision_mode == "origin"
+        assert instance.how.startswith(
+            "precision origin (int8: static int8 (the weights live in 3 Conv against 0 MatMul/Gemm, and dynamic "
+            "quantization quantizes MatMul/Gemm only) calibrates on inputs like the real ones, and seeded random values "
+            "of images do not stand for real images or audio; set calibration_data to real requests"), instance.how
+        cosine, got, want = _cosine_to_fp32(instance, folder, 320)
+        np.testing.assert_array_equal(got, want)  # the exact model
+    finally:
+        instance.close()
+
+
+def test_int8_static_of_a_conv_detector_quantizes_it_at_a_size_it_runs(tmp_path):
+    folder = _folder(tmp_path, "neck", build_detector_neck())
+    instance, _ = _load(folder, precision_mode="int8", quantization="static")
     try:
         assert instance.executor.spec.options.engines.precision_mode == "int8"
         assert re.match(r"precision int8 static \(cosine 0\.99\d+ to fp32 on images:\[1, 3, 320, 320\], probed 320x320; "
                         r"ONNX Runtime QDQ, 3 of 3 Conv quantized, calibrated on 32 seeded input\(s\)\), dynamic graph",
                         instance.how), instance.how
-        said = [m for _, m in log.lines if "quantization=auto -> static" in m]
-        assert said and "3 Conv against 0 MatMul/Gemm" in said[0], log.lines
         for side in (320, 640):  # any size the model takes, not only the one it was calibrated at
             cosine, got, want = _cosine_to_fp32(instance, folder, side)
             assert cosine >= 0.99 and not np.array_equal(got, want), (side, cosine)  # int8: close, not exact
@@ -110,12 +123,25 @@ def test_int8_of_a_conv_detector_with_a_bare_config_quantizes_it_at_a_size_it_ru
         instance.close()
 
 
-def test_auto_on_onnxruntime_lowers_a_conv_model_for_real(tmp_path):
+def test_auto_lowers_a_conv_model_for_real_on_calibration_data(tmp_path):
     folder = _folder(tmp_path, "neck", build_detector_neck())
-    instance, _ = _load(folder, precision_mode="auto", engine="onnxruntime")
+    calibration = folder.parent / "calib" / "images"  # beside config.pbtxt, one sample a file
+    calibration.mkdir(parents=True)
+    for number in range(4):
+        image = np.random.default_rng(number).random((3, 320, 320)).astype(np.float32)
+        np.save(calibration / f"{number}.npy", image)
+    instance, log = _load(folder, precision_mode="auto", engine="onnxruntime", calibration_data="calib")
     try:
-        assert re.search(r"^precision int8 static \(cosine 0\.99\d+ .*3 of 3 Conv quantized", instance.how), instance.how
-        assert _cosine_to_fp32(instance, folder, 320)[0] >= auto_choice.AUTO_MIN_COSINE
+        assert re.search(r"^precision int8 static \(cosine 0\.99\d+ to fp32 on images:\[1, 3, 320, 320\], the first "
+                         r"calibration_data sample; ONNX Runtime QDQ, 3 of 3 Conv quantized, calibrated on 4 "
+                         r"calibration_data sample\(s\)\)", instance.how), instance.how
+        said = [m for _, m in log.lines if "quantization=auto -> static" in m]
+        assert said and "calibration_data is set" in said[0], log.lines
+        images = np.random.default_rng(9).random((2, 3, 320, 320)).astype(np.float32)  # like the calibration's
+        got = instance.execute([{"images": images}])[0]["y"]
+        want = ort.InferenceSession(str(folder / "model.onnx"), providers=["CPUExecutionProvider"]).run(
+            None, {"images": images})[0]
+        assert compare("y", want, got).cosine >= auto_choice.AUTO_MIN_COSINE
     finally:
         instance.close()
 

@@ -57,7 +57,7 @@ def test_engine_auto_chooses_again_where_openvino_refuses_the_model(folder):
 @pytest.mark.skipif(not OPENVINO, reason="OpenVINO and NNCF are not installed")
 def test_engine_auto_serves_on_onnxruntime_and_the_load_line_says_why(folder):
     assert auto_choice.openvino_refusal(folder / "model.onnx").startswith(REFUSED)
-    instance = _load(folder, engine="auto", precision_mode="int8")
+    instance = _load(folder, engine="auto", precision_mode="int8", quantization="static")
     try:
         assert instance.executor.spec.options.engines.engine == "onnxruntime"
         assert instance.how.startswith(f"engine=auto -> onnxruntime ({REFUSED}"), instance.how

@@ -153,6 +153,7 @@ def quantize_onnxruntime(path: Path, out: Path, samples: Sequence[dict], log: Ca
     transformer = False
     try:
         with quantizer_source(path, out.parent, log) as source, quiet():
+            source = _per_channel_opset(source, log)
             transformer = is_transformer(source_graph(source, path))
             quantize_static(
                 source, str(out), _Reader(samples), quant_format=QuantFormat.QDQ, per_channel=True,
@@ -261,6 +262,32 @@ def _nncf_source(path: Path, log: Callable[[str], None]) -> onnx.ModelProto:
     from gebackend.compile.unused_rows import kept_rows_only
 
     return kept_rows_only(_nncf_opset(onnx.load(str(path)), log), log, "precision int8")
+
+
+PER_CHANNEL_OPSET = 13  # DequantizeLinear's `axis` (per-channel weights) is opset 13's
+
+
+def _per_channel_opset(source, log: Callable[[str], None]):
+    """The quantizer's source at opset 13 where it is older: ONNX Runtime's quantize_static writes per-channel
+    DequantizeLinear nodes (an `axis`) into the file at its own opset, and ONNX Runtime then refuses to load a file
+    below opset 13 with one (paddle2onnx writes opset 11: `Unrecognized attribute: axis for operator
+    DequantizeLinear`). A large model's path, or a file the converter cannot convert, is handed on as it is."""
+    from gebackend.compile import upgrade
+
+    if not isinstance(source, onnx.ModelProto):
+        return source
+    opset = upgrade.default_opset(source)
+    if opset is None or opset >= PER_CHANNEL_OPSET:
+        return source
+    try:
+        converted = upgrade.upgrade_opset(source, PER_CHANNEL_OPSET)
+    except Exception as exc:  # noqa: BLE001 - an adapter onnx.version_converter lacks: the quantizer says the rest
+        log(f"precision int8: per-channel weights need opset {PER_CHANNEL_OPSET}, and converting the model's opset "
+            f"{opset} failed ({_short(exc)}); quantized at opset {opset}")
+        return source
+    log(f"precision int8: per-channel weights need opset {PER_CHANNEL_OPSET}: the model's opset {opset} converted to "
+        f"{PER_CHANNEL_OPSET} with onnx.version_converter first")
+    return converted
 
 
 NNCF_MIN_OPSET = 10  # NNCF's ONNX backend refuses older files ("ONNX models with opset version < 10 do not support ...")

@@ -5,7 +5,8 @@ tune's seeded requests) must give every free dim a size the model takes. The sou
 `model_warmup` requests of config.pbtxt (its dims always win, compile/seed_shapes.py applies them to every
 candidate), the first `calibration_data` sample, the input size exporters record in the file's metadata
 (Ultralytics writes `imgsz` = "[640, 640]"; paddle2onnx writes none), then typical sizes: an image's free height and
-width at 224, 320, 640 and other multiples of 32 (detectors concatenate feature maps that only such sizes align), any
+width at 224, 320, 640 and other multiples of 32 (detectors concatenate feature maps that only such sizes align), then
+the sizes of a line of text (48x320, 48x192, 32x320: OCR recognisers take a fixed height), any
 other free dim at the default 16 (compile/free_dims.py's), then 32, 64 and 128. Each source is a `Candidate`: hints as
 compile/free_dims.py takes them (a whole shape per input, -1 where it says nothing), the default size for what is left
 free, and the phrase the load line prints for it. This module only reads; compile/seed_shapes.py runs them.
@@ -25,6 +26,9 @@ from gebackend.compile.free_dims import conv_channels
 Hints = Mapping[str, Sequence[int]]
 DEFAULT = 16  # compile/free_dims.py's size for a free dim nothing else sizes
 IMAGE_SIZES = (224, 320, 640, 256, 384, 416, 448, 512, 576, 736, 960)
+# (height, width) of a line of text, after the squares: OCR recognisers and direction classifiers take a fixed height
+# (PaddleOCR's 48, older models' 32) at any width
+LINE_SIZES = ((48, 320), (48, 192), (32, 320), (32, 128), (64, 256))
 LENGTHS = (32, 64, 128)  # a free dim that is no image side, after DEFAULT
 METADATA_KEYS = ("imgsz", "img_size", "image_size", "input_size")
 
@@ -136,9 +140,13 @@ def _sized(model: onnx.ModelProto, images: Mapping[str, tuple[int, ...]], side: 
 
 def probes(model: onnx.ModelProto, free: Mapping[str, tuple[int, ...]], hints: Hints | None = None) -> list[Candidate]:
     """Typical sizes: every image side at each of IMAGE_SIZES where the model has free image sides (its other free
-    dims at DEFAULT), else DEFAULT and then each of LENGTHS for every free dim."""
+    dims at DEFAULT), then the LINE_SIZES of a line of text where both sides are free; else DEFAULT and then each of
+    LENGTHS for every free dim."""
     images = image_axes(model, free, hints)
     if images:
-        return [Candidate(f"probed {size}x{size}" if any(len(a) == 2 for a in images.values()) else f"probed {size}",
-                          _sized(model, images, (size, size))) for size in IMAGE_SIZES]
+        two = any(len(a) == 2 for a in images.values())
+        squares = [Candidate(f"probed {size}x{size}" if two else f"probed {size}", _sized(model, images, (size, size)))
+                   for size in IMAGE_SIZES]
+        lines = [Candidate(f"probed {h}x{w}", _sized(model, images, (h, w))) for h, w in LINE_SIZES] if two else []
+        return squares + lines
     return [Candidate(f"the default size {DEFAULT}")] + [Candidate(f"probed {n}", default=n) for n in LENGTHS]

@@ -5,7 +5,9 @@ the cosine on which inputs and whence their sizes (compile/seed_shapes.py; a sta
 `calibration_data` sample where it is given), run on the engine that serves the lowered model (OpenVINO's int8
 kernels answer NNCF's file otherwise than ONNX Runtime), then how it was made and the ops quantized of how many. The
 original is served at fp32 instead, and the load line says why (`precision origin (int8: nothing to quantize:
-...)`), where int8 would quantize nothing (compile/int8_route.py), where no input size the model runs was found,
+...)`), where int8 would quantize nothing (compile/int8_route.py), where int8 would be static with `quantization=auto`
+on a model with float inputs and no `calibration_data` (seeded random images or audio calibrate it badly: a detector
+calibrated on them lost a face it found at fp32), where no input size the model runs was found,
 where the lowered file quantized nothing, and, behind an accuracy guard (precision_mode=auto's, or
 precision_min_cosine), where the lowering fails, its engine cannot load it, or its cosine to fp32 is too low or
 cannot be checked."""
@@ -156,11 +158,21 @@ def _refusal(spec: ModelSpec, engine_kind, seeded: SeedShapes) -> tuple[str, str
         return "", ""
     engines = spec.options.engines
     try:
-        quantization, _ = choose(engines.quantization, engines.calibration_data, engine_kind, spec.path)
+        quantization, why = choose(engines.quantization, engines.calibration_data, engine_kind, spec.path)
     except ModelLoadError:
         return "", ""  # the lowering refuses it, saying why
     nothing = nothing_to_quantize(spec.path, quantization)
-    return (f"nothing to quantize: {nothing}",) * 2 if nothing else ("", "")
+    if nothing:
+        return (f"nothing to quantize: {nothing}",) * 2
+    if quantization == "static" and engines.quantization == "auto" and not engines.calibration_data:
+        floats = [t.name for t in spec.inputs if t.dtype.numpy.kind == "f"]
+        if floats:
+            needs = (f"static int8 ({why}) calibrates on inputs like the real ones, and seeded random values of "
+                     f"{', '.join(floats)} do not stand for real images or audio; set calibration_data to real "
+                     f"requests (a folder of .npy files or a perf_analyzer JSON file), or quantization=static to "
+                     f"calibrate on seeded random inputs anyway")
+            return needs, needs
+    return "", ""
 
 
 def _say_what_runs(mode: str, engine_kind, quantization: str, log: Log) -> None:
