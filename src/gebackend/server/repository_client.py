@@ -194,14 +194,22 @@ class RepositoryClient:
             self._grpc_channel = self._grpc_stub = None
 
 
+def written_by_the_server(relative: Path) -> bool:
+    """Whether a path inside a model folder is one the server writes itself, not part of the model: hidden folders
+    and files (the caches gebackend keeps beside a model, `.gebackend-cache/`) and Python's byte code (the
+    `__pycache__/` a stub writes when it first imports a `backend: "python"` model's `model.py`)."""
+    parts = relative.parts
+    return any(part.startswith(".") or part == "__pycache__" for part in parts) or relative.suffix in (".pyc", ".pyo")
+
+
 def repository_fingerprints(repository: Path) -> dict[str, tuple]:
-    """Per model folder, the (path, size, mtime) of every file in it: what a reload compares. Hidden folders (the
-    caches gebackend keeps beside a model, `.gebackend-cache/`) are not the model: writing them reloads nothing."""
+    """Per model folder, the (path, size, mtime) of every file in it: what a reload compares. What the server
+    writes there itself (`written_by_the_server`) is left out: writing it reloads nothing."""
     found = {}
     for folder in sorted(p for p in repository.iterdir() if p.is_dir() and not p.name.startswith(".")):
         entries = []
         for path in sorted(folder.rglob("*")):
-            if any(part.startswith(".") for part in path.relative_to(folder).parts):
+            if written_by_the_server(path.relative_to(folder)):
                 continue
             try:
                 stat = path.stat()

@@ -78,23 +78,33 @@ class Supervisor:
         self.self_healing = self_healing
         self.watch_interval = watch_interval
         self.say, self.complain = say, complain  # what happened / why it cannot go on
+        self._observing: Watchdog | None = None  # the watchdog learning the stubs of a server not ready yet
 
     def start(self, stop: SignalFlag) -> "tuple[TritonServer, list[dict]] | int":
-        """A started tritonserver and its repository index, or the exit code when it did not start (or was stopped)."""
+        """A started tritonserver and its repository index, or the exit code when it did not start (or was stopped).
+        Its watchdog learns the stubs from the first model load on (`start_watchdog` then makes it act)."""
         server = TritonServer(self.settings)
         try:
             server.start()
+            self._observing = self._watchdog(server).observe()
             index = server.wait_ready(stop)
         except GeBackendError as exc:
+            self._stop_observing()
             server.stop(timeout=10)
             self.complain(f"cannot serve {self.settings.model_repository}: {exc}")
             return 1
         if stop.is_set():
+            self._stop_observing()
             self.say("stopping before the server was ready")
             server.stop(timeout=10)
             self.say("stopped")
             return 0
         return server, index
+
+    def _stop_observing(self) -> None:
+        if self._observing is not None:
+            self._observing.stop()
+            self._observing = None
 
     def serve(self, stop: SignalFlag, reload: SignalFlag, ready: Callable[[TritonServer, list[dict]], None],
               restarted: Callable[[list[dict]], None] = lambda index: None) -> "int | Shutdown":
@@ -142,17 +152,25 @@ class Supervisor:
         return server.shutdown(broken=watchdog.broken_models())
 
     def start_watchdog(self, server: TritonServer) -> Watchdog:
-        """Self-healing, or (when off or impossible) a watchdog that only reports dead stubs."""
+        """Self-healing, or (when off or impossible) a watchdog that only reports dead stubs: the one that has
+        watched `server` load its models, acting from now on."""
+        watchdog, self._observing = self._observing, None
+        if watchdog is None or watchdog.table.parent_pid != server.process.pid:
+            watchdog = self._watchdog(server)
+        if self.self_healing and not watchdog.heal:
+            self.say(f"self-healing is off: {watchdog.why_not}")
+        return watchdog.start()
+
+    def _watchdog(self, server: TritonServer) -> Watchdog:
         why_not = ""
         if not self.self_healing:
             why_not = "--no-self-healing"
         elif not server.control.can_reload:
             why_not = f"self-healing needs --model-control-mode=explicit, this server runs '{server.control.mode}'"
-            self.say(f"self-healing is off: {why_not}")
         watchdog = Watchdog(server.process.pid, server.repository, self.say, interval=self.watch_interval,
                             heal=not why_not, why_not=why_not, control_dir=server.control_dir)
         server.watch_lines(watchdog.notice_line)  # a model loading: look for its new stubs at once
-        return watchdog.start()
+        return watchdog
 
     def reload(self, server: TritonServer, watchdog: Watchdog, before: dict[str, tuple]) -> dict[str, tuple]:
         """SIGHUP: load the model folders that are new or whose files changed, unload the ones that are gone.

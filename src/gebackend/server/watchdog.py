@@ -9,11 +9,17 @@ the dead stub, that old model version never finishes unloading (the request is n
 but the new load does not wait for it.
 
 So twice a second the watchdog looks at tritonserver's stub children in `/proc` (no extra
-dependency: ~70 us re-reading the stubs it knows; a full scan, ~2 ms, every 15 s and whenever
-Triton logs a model loading), remembers which model instance each one serves, and when one is
+dependency: ~70 us re-reading the stubs it knows; a full scan, ~2 ms, every 15 s and at once
+whenever Triton logs a model loading), remembers which model instance each one serves, and when one is
 gone or a zombie while no other live stub serves that instance, and Triton still calls the model
 READY, it unloads the model and loads it again through the CLI's model-repository access, and
 logs both. A model that keeps dying is reloaded after a growing pause (1 s, 2 s, 4 s ... 60 s).
+
+It learns the stubs from the first model load on (`observe()`: a full scan ten times a second while
+the server loads, and at each line Triton logs of a model loading; `start()`, once it is ready, then
+acts): a zombie's command line is empty, so a stub first looked at once dead could never be told, and
+one that died before the server said ready (or on a request sent as soon as Triton answered) was never
+restored, and held the stop for the whole exit timeout.
 
 A stub that is alive but hung (inside one run, or frozen, for longer than its model's
 `hang_timeout_s`) is told by its heartbeat (control/heartbeat.py): the watchdog kills it, and it is
@@ -27,63 +33,23 @@ import os
 import signal
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Protocol
 
 from gebackend.control.heartbeat import heartbeat_file, read_beat
 from gebackend.control.procfs import read_stat, stat_fields as _fields
+from gebackend.server.stubs import STUB_NAME, Stub, StubTracker, parse_stub, stub_identity  # noqa: F401 - read here too
 
-STUB_NAME = "triton_python_backend_stub"
 PROC = Path("/proc")
-
-
-@dataclass(frozen=True)
-class Stub:
-    """One stub process: which model instance it serves. `started` (clock ticks) tells a reused pid apart."""
-
-    pid: int
-    started: int
-    model: str
-    instance: str
-    zombie: bool = False
-
-    @property
-    def key(self) -> tuple[str, str]:
-        return self.model, self.instance
-
-    @property
-    def serves_instance(self) -> bool:
-        """False for the short-lived stub Triton starts to auto-complete a config (its instance name is the model's)."""
-        return self.instance != self.model
-
-
-def parse_stub(pid: int, stat: str, argv: list[str]) -> Stub | None:
-    """A stub from its `/proc/<pid>/stat` text and command line, or None if it is not a stub.
-
-    The stub's command line is: stub, <repo>/<model>/<version>/model.py, shm region, shm sizes (2),
-    parent pid, backend folder, IPC handle, instance name, model folder of the backend.
-    """
-    served = stub_identity(argv)
-    if served is None:
-        return None
-    fields = _fields(stat)
-    return Stub(pid, int(fields[19]), *served, fields[0] in ("Z", "X"))
+LEARN_INTERVAL = 0.1  # seconds between full scans while the server loads its models (~2 ms each)
 
 
 def _stat(pid: int) -> str | None:
     return read_stat(pid, PROC)
 
 
-def stub_identity(argv: list[str]) -> tuple[str, str] | None:
-    """(model, instance) from a process's command line, or None if it is not a stub (see `parse_stub`)."""
-    if len(argv) < 9 or not argv[0].endswith(STUB_NAME):
-        return None
-    return Path(argv[1]).parent.parent.name, argv[8]
-
-
 class ProcessTable:
-    """Lists the stub children of one process from `/proc`, reading each command line once.
+    """Lists the stub children of one process from `/proc`, reading each stub's command line once.
 
     `stubs()` scans every process (a few milliseconds); `refresh()` re-reads only the stubs the last scan
     found (microseconds), which is all it takes to see one die.
@@ -110,16 +76,20 @@ class ProcessTable:
                 continue
             ident = (pid, int(fields[19]))
             seen.add(ident)
-            if ident not in self._argv:
+            argv = self._argv.get(ident)
+            if argv is None:
                 try:
                     raw = (PROC / str(pid) / "cmdline").read_bytes()
                 except OSError:
                     continue
                 if not raw:  # a zombie has no command line left; we cannot tell whose it was
                     continue
-                self._argv[ident] = raw.rstrip(b"\0").decode(errors="replace").split("\0")
-            stub = parse_stub(pid, stat, self._argv[ident])
+                argv = raw.rstrip(b"\0").decode(errors="replace").split("\0")
+            stub = parse_stub(pid, stat, argv)
             if stub is not None:
+                # Only a stub's command line is kept: a child caught between Triton's fork and its exec of the stub
+                # (tritonserver's own command line, then `bash -c "exec ..."`) is the same process, read again next time.
+                self._argv[ident] = argv
                 found.append(stub)
         for ident in set(self._argv) - seen:
             del self._argv[ident]
@@ -138,34 +108,6 @@ class ProcessTable:
                 continue  # gone, and the pid reused
             found.append(Stub(stub.pid, stub.started, stub.model, stub.instance, fields[0] in ("Z", "X")))
         return found
-
-
-class StubTracker:
-    """Pure bookkeeping: from successive lists of stubs, which model instances lost their process."""
-
-    def __init__(self) -> None:
-        self.known: dict[tuple[int, int], Stub] = {}
-
-    def update(self, stubs: Iterable[Stub]) -> list[Stub]:
-        """Record the live stubs; return the instances whose process died since (at most once each)."""
-        stubs = [s for s in stubs if s.serves_instance]
-        alive = {s.key for s in stubs if not s.zombie}
-        current = {(s.pid, s.started): s for s in stubs}
-        dead = []
-        for ident, stub in list(self.known.items()):
-            gone = ident not in current or current[ident].zombie
-            if gone:
-                del self.known[ident]
-                if stub.key not in alive:
-                    dead.append(stub)
-        for ident, stub in current.items():
-            if not stub.zombie:
-                self.known[ident] = stub
-        return dead
-
-    def forget_model(self, model: str) -> None:
-        for ident in [i for i, s in self.known.items() if s.model == model]:
-            del self.known[ident]
 
 
 class ModelRepository(Protocol):
@@ -211,6 +153,8 @@ class Watchdog:
         self.full_scan_every = 15.0  # seconds; a load Triton logs asks for one at once
         self._rescan = threading.Event()
         self._last_full = 0.0
+        self._armed = True  # False while `observe()`s: stubs are learnt, deaths kept for `start()`
+        self._wake = threading.Event()  # a model loading: look now, not at the next tick
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.busy = threading.Lock()  # held while stubs are checked and models restored, or by `paused()`
@@ -219,6 +163,7 @@ class Watchdog:
         """Fed every line tritonserver prints: a model (re)loading means new stubs, so look at all processes next."""
         if "successfully loaded" in line or "loading: " in line or "successfully unloaded" in line:
             self._rescan.set()
+            self._wake.set()
 
     def _stubs(self) -> list[Stub]:
         now = time.monotonic()
@@ -228,27 +173,59 @@ class Watchdog:
             return self.table.stubs()
         return self.table.refresh()
 
+    def observe(self) -> "Watchdog":
+        """While the server loads its models: learn every stub as it comes, restore nothing yet (`start()` acts on
+        the deaths seen meanwhile, of the models then READY)."""
+        self._armed = False
+        self._launch()
+        return self
+
     def start(self) -> "Watchdog":
-        self.tracker.update(self._stubs())
+        with self.busy:
+            self._rescan.set()
+            self._pending += self.tracker.update(self._stubs())
+            self._armed = True
+        if self._pending:
+            self._wake.set()
+        if self._thread is None:
+            self._launch()
+        return self
+
+    def _launch(self) -> None:
         self._thread = threading.Thread(target=self._run, name="gebackend-watchdog", daemon=True)
         self._thread.start()
-        return self
 
     def stop(self, timeout: float = 5.0) -> None:
         """Stop checking. A restore blocked in a model load Triton never finishes is not waited for (the thread
         is a daemon; the server's shutdown ends that load)."""
         self._stop.set()
+        self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout)
 
     def broken_models(self) -> set[str]:
-        """After `stop()`: the models serving with a dead stub right now (a last look, nothing restored)."""
-        for stub in self.tracker.update(self.table.stubs()):
-            self.unrestored.add(stub.model)
+        """After `stop()`: the models serving with a dead stub right now (a last look, nothing restored): those
+        that lost one and were not restored, and those with an instance whose only process is one Triton has not
+        reaped (a zombie: a request met it, and the model can never finish unloading). A restored model's old
+        zombie has a live process in its place."""
+        stubs = self.table.stubs()
+        dead, self._pending = self._pending + self.tracker.update(stubs), []
+        alive = {s.key for s in stubs if not s.zombie}
+        dead += [s for s in stubs if s.zombie and s.serves_instance and s.key not in alive]
+        if dead:
+            try:
+                states = {e.get("name"): e.get("state") for e in self.repository.repository_index()}
+            except Exception:  # noqa: BLE001 - the server going away: count them all
+                states = {}
+            self.unrestored |= {s.model for s in dead if states.get(s.model, "READY") in ("READY", "UNLOADING")}
         return set(self.unrestored)
 
     def _run(self) -> None:
-        while not self._stop.wait(self.interval):
+        while not self._stop.is_set():
+            self._wake.wait(self.interval if self._armed else min(self.interval, LEARN_INTERVAL))
+            self._wake.clear()
+            if self._stop.is_set():
+                return
             try:
                 self.check()
             except Exception as exc:  # the watchdog must never take the CLI down
@@ -270,6 +247,10 @@ class Watchdog:
         if not self.busy.acquire(blocking=False):
             return []  # paused: a reload is under way
         try:
+            if not self._armed:  # the server is still loading: learn its stubs, keep their deaths for `start()`
+                self._rescan.set()  # every process, every time: a new stub is looked at while it is alive
+                self._pending += self.tracker.update(self._stubs())
+                return []
             return self._check()
         finally:
             self.busy.release()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,7 @@ from gebackend.runtime.instance import InstanceInfo, ModelInstance, parsed_optio
 from gebackend.runtime.sequence_state import SequenceKey
 from gebackend.compile.bfloat16 import BF16
 from gebackend.triton.bf16_tensors import bf16_tensor, read_bf16
-from gebackend.triton.metrics import BackendMetrics
+from gebackend.triton.metrics import BackendMetrics, SeriesOwners
 from gebackend.runtime.strings import to_engine, to_triton
 
 
@@ -64,20 +65,30 @@ def auto_complete(auto_complete_model_config: Any, pb_utils: Any) -> Any:
 
 
 class _TritonLog:
-    """`runtime.instance.InstanceLog` on Triton's logger."""
+    """`runtime.instance.InstanceLog` on Triton's logger; after `release()`, on stderr (which tritonserver's output
+    carries too): a line from a thread that outlives `finalize()` must not call into a stub tearing itself down."""
 
     def __init__(self, logger: Any):
         self.info, self.warn = logger.log_info, logger.log_warn
+
+    def release(self) -> None:
+        self.info = self.warn = _to_stderr
+
+
+def _to_stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
 
 
 class ServedModel:
     """One loaded instance of a model (`runtime.instance.ModelInstance`), speaking pb_utils at the edges."""
 
-    def __init__(self, instance: ModelInstance, pb_utils: Any, metrics: BackendMetrics | None = None):
+    def __init__(self, instance: ModelInstance, pb_utils: Any, metrics: BackendMetrics | None = None,
+                 log: _TritonLog | None = None):
         self.instance = instance
         self.spec = instance.spec
         self.pb = pb_utils
         self.metrics = metrics
+        self.log = log  # the instance's log, on Triton's logger until `close()`
         self._scalar_inputs = {t.name: t.wire_dims for t in self.spec.inputs if t.wire_dims is not None}
         self._scalar_outputs = {t.name: t.wire_dims for t in self.spec.outputs if t.wire_dims is not None}
 
@@ -87,16 +98,17 @@ class ServedModel:
         name = args["model_name"]
         info = InstanceInfo(args.get("model_instance_name", f"{name}_0_0"), args.get("model_instance_kind", "CPU"),
                             int(args.get("model_instance_device_id", 0) or 0))
+        log = _TritonLog(pb_utils.Logger)
         try:
-            instance = ModelInstance.load(config, Path(args["model_repository"]) / str(args["model_version"]), info,
-                                          _TritonLog(pb_utils.Logger))
+            instance = ModelInstance.load(config, Path(args["model_repository"]) / str(args["model_version"]), info, log)
         except GeBackendError as exc:
             raise RuntimeError(named(name, str(exc))) from None
         metrics = None
         if hasattr(pb_utils, "MetricFamily"):
             metrics = BackendMetrics(pb_utils, name, instance.executor.runner, instance.load_seconds,
-                                     instance.executor.trim, warn=pb_utils.Logger.log_warn).start()
-        return cls(instance, pb_utils, metrics)
+                                     instance.executor.trim, warn=lambda line: log.warn(line),
+                                     owners=SeriesOwners.of(name)).start()
+        return cls(instance, pb_utils, metrics, log)
 
     def execute(self, requests: list) -> list:
         pb = self.pb
@@ -144,10 +156,18 @@ class ServedModel:
         dims = self._scalar_outputs.get(name)
         return array.reshape(dims) if dims is not None and array.ndim == 0 else array
 
-    def close(self) -> None:
-        if self.metrics is not None:
-            self.metrics.close()
+    def close(self) -> bool:
+        """Close the instance and let go of everything of pb_utils held here (`finalize()`: see triton/model.py).
+        False when the metrics publisher could not be stopped: its objects are then kept (metrics.py says why)."""
+        released = self.metrics is None or self.metrics.close()
         self.instance.close()
+        if not released:
+            return False
+        self.metrics = None
+        self.pb = None
+        if self.log is not None:
+            self.log.release()
+        return True
 
 
 def _stub_model_path() -> str | None:

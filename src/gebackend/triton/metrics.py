@@ -15,23 +15,109 @@ Published once a second by a daemon thread, never on the request path: each pb_u
 round trip to tritonserver through shared memory, measured at 10-75 us, and a static model would make up
 to four per execute() (Triton's Python backend serialises these calls with a mutex, so another thread
 may make them).
+
+`close()` (the model's `finalize()`) joins that thread and then drops every `Metric` and `MetricFamily`, so that
+Triton deletes their series while the stub can still tell it to. Facts (tritonserver 2.51):
+- a family still alive when `finalize()` returns is destroyed after the stub has torn itself down: its destructor
+  asks for a new, empty stub and the process dies of SIGSEGV at exit (a kernel `segfault ... in
+  triton_python_backend_stub` line per instance, at every unload, reload and stop), and its series stay on /metrics;
+- every process asking for a series of the same name and labels gets the same one (the instances of a model, and
+  the old and new versions of a reloaded model, which overlap), and the first of them to delete it deletes it for
+  all: the others' handles then point at freed memory inside tritonserver. So the processes publishing a model's
+  series are counted (`SeriesOwners`, in the server's control folder): the last one deletes them; one that leaves
+  before it hands its families over instead, keeping them alive for good (a process about to exit, never
+  destroying them: neither deleted nor crashing). A stub that died publishes no more and is not counted.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import fcntl
+import os
 import threading
-from typing import Any, Callable
+from pathlib import Path
+from typing import Any, Callable, Iterator
 
+from gebackend.cache_dir import safe_name
+from gebackend.control import env as control_env
+from gebackend.control.procfs import is_running, own_start_time
 from gebackend.runtime.buckets import DYNAMIC
 
 PUBLISH_SECONDS = 1.0
+JOIN_SECONDS = 5.0  # a publish is a few round trips of microseconds: a thread alive after this is stuck
+
+
+class SeriesOwners:
+    """The processes publishing one model's series: a file each, `<control dir>/metrics/<model>/<pid>-<start time>`.
+    Joining (before any series is made) and leaving (and, for the last, deleting them) hold one lock per model."""
+
+    def __init__(self, control_dir: Path, model: str, me: str | None = None):
+        self.folder = Path(control_dir) / "metrics" / safe_name(model)
+        self.me = me or f"{os.getpid()}-{own_start_time()}"
+
+    @classmethod
+    def of(cls, model: str) -> "SeriesOwners | None":
+        """For an instance served by `gebackend serve`; None under a plain tritonserver (then each deletes its own)."""
+        control = control_env.control_dir()
+        return cls(control, model) if control is not None and control.is_dir() else None
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        self.folder.parent.mkdir(exist_ok=True)  # never the control folder itself: that is the server's to make
+        self.folder.mkdir(exist_ok=True)
+        with open(self.folder.with_name(self.folder.name + ".lock"), "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+
+    def join(self) -> None:
+        try:
+            with self._locked():
+                (self.folder / self.me).touch()
+        except OSError:  # the control folder is gone (the server is stopping): this one will count as the last
+            pass
+
+    @contextlib.contextmanager
+    def leaving(self) -> Iterator[bool]:
+        """Leave; yields whether this was the last live publisher (which then deletes the series before the lock
+        is let go, so that a process joining meanwhile makes them afresh)."""
+        with contextlib.ExitStack() as stack:
+            try:
+                stack.enter_context(self._locked())
+                last = self._leave()
+            except OSError:  # the control folder is gone (the server is stopping): delete this one's own
+                last = True
+            yield last
+
+    def _leave(self) -> bool:
+        (self.folder / self.me).unlink(missing_ok=True)
+        others = False
+        for entry in self.folder.iterdir():
+            pid, _, started = entry.name.partition("-")
+            if pid.isdigit() and started.isdigit() and is_running(int(pid), started):
+                others = True
+            else:
+                entry.unlink(missing_ok=True)  # a publisher that died
+        return not others
+
+
+def _keep_for_good(objects: list) -> None:
+    """Never destroy these objects: one reference each that nothing gives back (the process is about to exit)."""
+    for obj in objects:
+        ctypes.pythonapi.Py_IncRef(ctypes.py_object(obj))
 
 
 class BackendMetrics:
     def __init__(self, pb_utils: Any, model: str, runner: Any, compile_seconds: float, trimmer: Any = None,
-                 warn: Callable[[str], None] | None = None):
+                 warn: Callable[[str], None] | None = None, owners: SeriesOwners | None = None):
         family = pb_utils.MetricFamily
         self.model = model
+        self._owners = owners
+        if owners is not None:
+            owners.join()  # before any series is made: a leaving publisher then sees this one
         self._warn = warn  # where a publisher that stops says why (Triton's log)
         self.runner = runner
         self.trimmer = trimmer  # runtime/padding_trim.Trimmer, or None: its metrics are not registered
@@ -84,10 +170,31 @@ class BackendMetrics:
                                f"({type(exc).__name__}: {exc}); the model keeps serving, Triton's own metrics go on")
                 return
 
-    def close(self) -> None:
+    def close(self, timeout: float = JOIN_SECONDS) -> bool:
+        """Stop publishing, then release every pb_utils object held here (Triton then deletes the series).
+
+        False, said in the log, when the publisher is still running after `timeout` seconds: then nothing is
+        released, as the thread may be inside a call on those very objects."""
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join(5)
+        thread = self._thread
+        if thread is not None:
+            thread.join(timeout)
+            if thread.is_alive():
+                if self._warn is not None:
+                    self._warn(f"{self.model}: gebackend's metrics publisher did not stop within {timeout:g}s; its "
+                               "metrics are left registered (their series may stay on /metrics, and the backend "
+                               "process may not exit cleanly)")
+                return False
+        self._thread = None
+        with self._owners.leaving() if self._owners is not None else contextlib.nullcontext(True) as last:
+            if not last:  # another live process publishes these series: hand them over, do not delete them
+                _keep_for_good(self._families)
+            # the metrics first, then their families: a family's destructor deletes the metrics it made, then itself
+            self._bucket, self._rows, self._padded, self._waste, self._fallback = [], None, None, None, None
+            self._positions = self._trimmed = None
+            self._families = []
+        self._warn = None
+        return True
 
     def _snapshot(self) -> tuple:
         r, t = self.runner, self.trimmer

@@ -1,4 +1,9 @@
-"""Triton's entry point for the `ge` backend (laid out as backends/ge/model.py): a thin adapter, nothing else."""
+"""Triton's entry point for the `ge` backend (laid out as backends/ge/model.py): a thin adapter, nothing else.
+
+`finalize()` leaves nothing of pb_utils alive: tritonserver 2.51's stub destroys this object only after it has torn
+itself down, and a pb_utils metric destroyed then crashes the stub (triton/metrics.py)."""
+
+import gc
 
 import triton_python_backend_utils as pb_utils
 
@@ -17,4 +22,7 @@ class TritonPythonModel:
         return self.model.execute(requests)
 
     def finalize(self):
-        self.model.close()
+        model, self.model = self.model, None
+        model.close()
+        del model
+        gc.collect()  # what a reference cycle still held goes now, while the stub can release it

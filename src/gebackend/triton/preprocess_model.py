@@ -1,7 +1,8 @@
 """Triton's entry point for the preprocessing backends (laid out as backends/<backend>/model.py for each of
 `gebackend.preprocess.models.KINDS`, e.g. cnclip_image_preprocess): a thin adapter; the config's `backend` says
-which preprocessing it runs."""
+which preprocessing it runs. `finalize()` leaves nothing of pb_utils alive, as triton/model.py's does."""
 
+import gc
 import json
 
 import triton_python_backend_utils as pb_utils
@@ -21,4 +22,7 @@ class TritonPythonModel:
         return self.model.execute(requests)
 
     def finalize(self):
-        self.model.close()
+        model, self.model = self.model, None
+        model.close()
+        del model
+        gc.collect()  # what a reference cycle still held goes now, while the stub can release it
