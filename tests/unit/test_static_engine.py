@@ -334,6 +334,33 @@ def test_a_static_graph_the_engine_refuses_serves_the_dynamic_graph_with_one_war
     np.testing.assert_allclose(_answer(executor, {"image": image})["logits"], want, rtol=1e-5, atol=1e-6)
 
 
+def test_a_bucket_the_engine_refuses_runs_on_the_dynamic_graph_beside_the_others(tmp_path, monkeypatch):
+    import gebackend.runtime.loader as loader
+
+    real = loader.create_static_engine
+
+    def refuses_batch_4(spec, graphs, *args, **kwargs):
+        if any(graph.shapes["image"][0] == 4 for graph in graphs):
+            raise RuntimeError("[ONNXRuntimeError] : 1 : FAIL : Node (If_0) Op (If) [TypeInferenceError]")
+        return real(spec, graphs, *args, **kwargs)
+
+    monkeypatch.setattr(loader, "create_static_engine", refuses_batch_4)
+    path = tmp_path / "model.onnx"
+    onnx.save(build_resnet(), str(path))
+    config = {"name": "m", "max_batch_size": 4}
+    spec = build_model_spec(config, read_signature(path), path, BackendOptions.make(static_model=True))
+    log: list[str] = []
+    executor, how = load_executor(spec, log=log.append)
+    warnings = [line for line in log if "WARNING" in line]
+    assert len(warnings) == 1 and "bucket [image:[4, 3, 64, 64]] could not be built (RuntimeError: " in warnings[0], log
+    assert "TypeInferenceError" in warnings[0] and "run on the dynamic graph beside the other buckets" in warnings[0]
+    assert "static graph, buckets [image:[1, 3, 64, 64] | image:[2, 3, 64, 64]], fallback=dynamic" in how, how
+    for rows in (1, 3, 4):  # 3 and 4 were the refused bucket's
+        image = np.random.default_rng(rows).standard_normal((rows, 3, 64, 64)).astype(np.float32)
+        want = OrtEngine(path, BackendOptions()).run({"image": image}, ["logits"])[0]
+        np.testing.assert_allclose(_answer(executor, {"image": image})["logits"], want, rtol=1e-4, atol=1e-5)
+
+
 def test_a_free_dim_with_static_model_serves_the_dynamic_graph(tmp_path):
     path = tmp_path / "model.onnx"
     onnx.save(build_bert(), str(path))

@@ -1,8 +1,9 @@
 """Builds what a `ModelSpec` asks for: a dynamic engine, or static graphs compiled per shape behind a bucket router.
 
-Static graph mode never fails where dynamic mode loads: a model whose static graph cannot be built (a pass, shape
-inference or the engine refusing the specialised file), or that static_model=1 cannot fix (a free input dim no bucket
-fixes), is served on the dynamic graph, and the load log says why in one warning.
+Static graph mode never fails where dynamic mode loads: where some buckets cannot be built (a pass, shape inference
+or the engine refusing the specialised file) and others can, the others serve and the requests the failing ones would
+hold run on the dynamic graph beside them; a model none of whose buckets can be built, or that static_model=1 cannot
+fix (a free input dim no bucket fixes), is served on the dynamic graph. The load log says why in one warning.
 
 With `precision_mode` int8 (any engine) or fp16 on ONNX Runtime, the model is lowered first (compile/precision.py,
 int8 static: compile/quantize_static.py), once per model version and options: the lowered file is cached for every
@@ -27,7 +28,7 @@ from gebackend.engines import create_engine, create_static_engine, engine_name
 from gebackend.engines.providers import as_selection
 from gebackend.engines.registry import kind
 from gebackend.errors import GeBackendError, ModelLoadError
-from gebackend.runtime import bucket_costs
+from gebackend.runtime import bucket_costs, static_fallback
 from gebackend.runtime.buckets import BucketRouter
 from gebackend.runtime.executor import Executor
 from gebackend.runtime.runners import BucketRunner, DynamicRunner
@@ -168,7 +169,19 @@ def _build(spec: ModelSpec, providers: Sequence, log: Callable[[str], None],
     try:
         return _static_executor(spec, providers, log, output_names, fp32)
     except Exception as exc:  # noqa: BLE001 - any failure to build the static graph: the dynamic graph serves
-        return _dynamic_instead(spec, providers, log, fp32, exc)
+        failure = exc
+    narrowed = static_fallback.without_failing_buckets(
+        spec, lambda one: _static_engine(one, providers, lambda message: None)[0])
+    if narrowed is not None:
+        kept, failed = narrowed
+        log(f"static graph mode: WARNING {static_fallback.describe(failed)} could not be built "
+            f"({static_fallback.why(failed[0][1])}), so the requests they would hold run on the dynamic graph beside "
+            f"the other buckets (bucket_fallback=dynamic)")
+        try:
+            return _static_executor(kept, providers, log, output_names, fp32)
+        except Exception as exc:  # noqa: BLE001 - the buckets built alone but not together: the dynamic graph serves
+            failure = exc
+    return _dynamic_instead(spec, providers, log, fp32, failure)
 
 
 def _dynamic_instead(spec: ModelSpec, providers: Sequence, log: Callable[[str], None], fp32: Path | None,
@@ -176,9 +189,7 @@ def _dynamic_instead(spec: ModelSpec, providers: Sequence, log: Callable[[str], 
     """The dynamic graph serving a model whose static graph could not be built (a pass, shape inference or the engine
     refused the specialised file), with one warning naming the cause; the static graph's error where the dynamic
     graph cannot be built either."""
-    from gebackend.compile.specialize import describe_error
-
-    why = str(failure) if isinstance(failure, GeBackendError) else describe_error(failure)
+    why = static_fallback.why(failure)
     note = f"the static graph could not be built ({why}), so the model is served on the dynamic graph"
     try:
         return _build(dataclasses.replace(spec, static_shapes=(), static_note=note), providers, log, fp32)
