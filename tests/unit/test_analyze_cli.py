@@ -108,6 +108,28 @@ def test_a_static_graph_onnx_runtime_refuses_reports_the_fallback(tmp_path, caps
     assert mode.startswith("dynamic graph: the static graph could not be built (") and "TypeInferenceError" in mode
 
 
+def test_a_bucket_onnx_runtime_refuses_reports_the_others_serving(tmp_path, capsys, monkeypatch):
+    import onnxruntime as ort
+
+    real = ort.InferenceSession
+
+    def second_refused(model, *args, **kwargs):  # the graph compiled for 4 x 32 tokens
+        if isinstance(model, bytes):
+            first = onnx.load_from_string(model).graph.input[0].type.tensor_type.shape.dim
+            if [d.dim_value for d in first] == [4, 32]:
+                raise RuntimeError("[ONNXRuntimeError] : 1 : FAIL : Node (If_0) Op (If) [TypeInferenceError]")
+        return real(model, *args, **kwargs)
+
+    monkeypatch.setattr(ort, "InferenceSession", second_refused)
+    model, config = _bert_folder(tmp_path, 'backend: "ge"\nmax_batch_size: 4\n'
+        'parameters { key: "graph.ge.inputShape" value: { string_value: "input_ids:-1,-1;attention_mask:-1,-1" } }\n'
+        'parameters { key: "graph.ge.dynamicDims" value: { string_value: "1,16,1,16;4,32,4,32" } }\n')
+    assert main(["analyze", str(model), "--config", str(config)]) == 0
+    out = capsys.readouterr().out
+    assert ("graph mode at load: static graph, 1 of 2 shape set(s); bucket [input_ids:[4, 32]; attention_mask:[4, 32]] "
+            "could not be built (RuntimeError: ") in out, out
+
+
 def test_missing_file_exits_2(tmp_path, capsys):
     assert main(["analyze", str(tmp_path / "nope.onnx")]) == 2
     err = capsys.readouterr().err

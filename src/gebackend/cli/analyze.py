@@ -89,6 +89,7 @@ def _graph_mode_at_load(model_path: Path, shape_sets, note: str, size_limit: int
 
     from gebackend.compile.pipeline import compile_static
     from gebackend.compile.specialize import describe_error
+    from gebackend.runtime import static_fallback
 
     if note:
         return f"dynamic graph: {note}"
@@ -96,15 +97,26 @@ def _graph_mode_at_load(model_path: Path, shape_sets, note: str, size_limit: int
         return "dynamic graph (the config asks for no static graph)"
     try:
         graphs, _ = compile_static(model_path, shape_sets, size_limit)
-        options = ort.SessionOptions()
-        options.log_severity_level = 3
-        for graph in graphs:
-            ort.InferenceSession(graph.model.SerializeToString(), options, providers=["CPUExecutionProvider"])
     except Exception as exc:  # noqa: BLE001 - what the load would fall back on, said as the load says it
         why = str(exc) if isinstance(exc, GeBackendError) else describe_error(exc)
         return (f"dynamic graph: the static graph could not be built ({why}), so the model is served on the "
                 f"dynamic graph")
-    return f"static graph, {len(shape_sets)} shape set(s), each built on ONNX Runtime"
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    failed = []
+    for graph in graphs:
+        try:
+            ort.InferenceSession(graph.model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        except Exception as exc:  # noqa: BLE001 - as above
+            failed.append((graph.shapes, exc))
+    if not failed:
+        return f"static graph, {len(shape_sets)} shape set(s), each built on ONNX Runtime"
+    why = static_fallback.why(failed[0][1])
+    if len(failed) == len(graphs):
+        return (f"dynamic graph: the static graph could not be built ({why}), so the model is served on the "
+                f"dynamic graph")
+    return (f"static graph, {len(graphs) - len(failed)} of {len(graphs)} shape set(s); {static_fallback.describe(failed)} "
+            f"could not be built ({why}), so the requests they would hold run on the dynamic graph beside the others")
 
 
 def _save(model: onnx.ModelProto, path: Path) -> None:
