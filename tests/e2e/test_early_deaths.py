@@ -5,8 +5,8 @@ instance exits 0 within seconds, naming the model. And a SIGHUP with nothing cha
 
 The models are `backend: "python"` models whose `model.py` kills its own process once (a marker file outside the
 repository says it has): one half a second after it loaded, while a slow neighbour keeps the server from being ready, and
-one on its first request. Before the watchdog learnt the stubs from the first load on, the first was never
-restored (its zombie's command line is empty) and held the stop for the whole --exit-timeout.
+one on its first request. The first is seen only if the watchdog learns the stubs from the first load on (its
+zombie's command line is empty), and a dead instance must not hold the stop for the whole --exit-timeout.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from .test_lifecycle import wait_for
 
 pytestmark = pytest.mark.e2e
 
-RESTORE_LIMIT_S = 10.0  # docs/operations.md: answers again 1.8-3.1 s after a death; generous on 2 busy cores
+RESTORE_LIMIT_S = 10.0  # generous on 2 busy cores: noticing the death, the reload, the first answer
 STOP_LIMIT_S = 10.0
 
 CONFIG = """

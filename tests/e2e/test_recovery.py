@@ -32,7 +32,7 @@ CONFIG = 'backend: "ge"\nmax_batch_size: 8\n'
 TWO_INSTANCES = CONFIG + "instance_group [ { count: 2, kind: KIND_CPU } ]\n"
 HANG_TIMEOUT_S = 3
 SPIN = CONFIG + f'parameters {{ key: "hang_timeout_s" value: {{ string_value: "{HANG_TIMEOUT_S}" }} }}\n'
-RESTORE_LIMIT_S = 15.0  # measured 2.5-4 s on 2 busy cores: noticing (<= 0.5 s), the request that met the dead stub, the reload
+RESTORE_LIMIT_S = 15.0  # generous on 2 busy cores: noticing (<= 0.5 s), the request that met the dead stub, the reload
 
 
 @pytest.fixture(scope="module")
@@ -187,9 +187,9 @@ def test_killed_stub_is_restored_and_other_models_keep_answering(healing_server)
     assert seconds < RESTORE_LIMIT_S
     assert bystander.failures() == [] and len(bystander.outcomes) > 20
     assert max(took for _, took, _ in bystander.outcomes) < 1.5  # not even held up
-    # Requests to the broken model fail and say why; none hangs. Measured: the one that meets the dead stub gets
-    # 500 "Stub process 'victim_0' is not healthy" after 1-3 s; while the model reloads, requests get an immediate
-    # 404 / NOT_FOUND "Request for unknown model: 'victim' has no available versions".
+    # Requests to the broken model fail and say why; none hangs: the one that meets the dead stub gets 500 "Stub
+    # process 'victim_0' is not healthy" within seconds; while the model reloads, requests get an immediate 404 /
+    # NOT_FOUND "Request for unknown model: 'victim' has no available versions".
     assert victim.failures(), "the dead stub must have been noticed by some request"
     for _, took, outcome in victim.failures():
         assert took < 10, (took, outcome)

@@ -1,6 +1,6 @@
 """The soak through the real CLI: `gebackend bench --soak` holds perf_analyzer load on a static and a bucketed model.
 
-The CI version is short (90 s; `gebackend bench --soak 10` is the real one, numbers in docs/operations.md): no
+The CI version is short (90 s; `gebackend bench --soak 10` is the real one, docs/operations.md#soak): no
 failed request, no restarted process, and RSS growth under 5% after the warm-up in every process. A second run
 kills a stub half-way to show the soak notices (it must be able to fail). perf_analyzer is installed on first use
 (tools/install_perf_analyzer.sh, as `make tools`).
