@@ -17,7 +17,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from gebackend.server.watchdog import stub_identity
+from gebackend.server.stubs import stub_identity
 
 pytestmark = pytest.mark.e2e
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from gebackend.server.stubs import StubTracker, parse_stub
 from gebackend.server import watchdog as wd
 from gebackend.server.launcher import ServerSettings, _waiting_on
 from gebackend.server.repository_client import CONTROL_HEADER, ModelControl, flag_values, restriction_for
@@ -84,7 +85,7 @@ STAT = "{pid} (triton_python_b) {state} 10 10 10 0 -1 4194560 1 0 0 0 0 0 0 0 20
 def stub(pid, instance, model="m", start=1000, state="S"):
     argv = ["/x/backends/python/triton_python_backend_stub", f"/repo/{model}/1/model.py", "shm", "1048576",
             "1048576", "10", "/x/backends/python", "336", instance, "/x/backends/ge"]
-    return wd.parse_stub(pid, STAT.format(pid=pid, state=state, start=start), argv)
+    return parse_stub(pid, STAT.format(pid=pid, state=state, start=start), argv)
 
 
 def test_parse_stub_reads_model_instance_and_state():
@@ -92,11 +93,11 @@ def test_parse_stub_reads_model_instance_and_state():
     assert (s.pid, s.started, s.model, s.instance, s.zombie) == (42, 777, "bert", "bert_0_1", True)
     assert s.serves_instance
     assert not stub(43, "bert", model="bert").serves_instance  # the auto-complete stub
-    assert wd.parse_stub(44, STAT.format(pid=44, state="S", start=1), ["/usr/bin/python3", "x.py"]) is None
+    assert parse_stub(44, STAT.format(pid=44, state="S", start=1), ["/usr/bin/python3", "x.py"]) is None
 
 
 def test_tracker_reports_a_dead_instance_once():
-    tracker = wd.StubTracker()
+    tracker = StubTracker()
     a, b = stub(1, "m_0"), stub(2, "m_1")
     assert tracker.update([a, b]) == []
     assert tracker.update([a, b]) == []
@@ -105,13 +106,13 @@ def test_tracker_reports_a_dead_instance_once():
 
 
 def test_tracker_treats_a_zombie_as_dead():
-    tracker = wd.StubTracker()
+    tracker = StubTracker()
     tracker.update([stub(1, "m_0")])
     assert tracker.update([stub(1, "m_0", state="Z")]) == [stub(1, "m_0")]
 
 
 def test_tracker_ignores_a_replaced_instance_and_the_auto_complete_stub():
-    tracker = wd.StubTracker()
+    tracker = StubTracker()
     tracker.update([stub(1, "m_0"), stub(9, "m")])
     # A reload: the new stub serving m_0 is up before the old one exits; the auto-complete stub ends.
     assert tracker.update([stub(1, "m_0"), stub(5, "m_0")]) == []
@@ -119,7 +120,7 @@ def test_tracker_ignores_a_replaced_instance_and_the_auto_complete_stub():
 
 
 def test_tracker_tells_a_reused_pid_apart():
-    tracker = wd.StubTracker()
+    tracker = StubTracker()
     tracker.update([stub(1, "m_0", start=100)])
     assert tracker.update([stub(1, "other_0", model="other", start=200)]) == [stub(1, "m_0", start=100)]
 

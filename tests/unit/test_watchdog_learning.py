@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 
+from gebackend.server.stubs import stub_identity
 from gebackend.server import watchdog as wd
 
 from test_server_control import stub, watchdog_with
@@ -54,9 +55,9 @@ def test_the_stop_counts_a_model_whose_stub_was_never_reaped_as_down():
 
 def test_a_stub_that_is_a_script_is_still_a_stub():
     args = ["/repo/m/1/model.py", "shm", "1048576", "1048576", "10", "/x/backends/python", "336", "m_0", "/x/ge"]
-    assert wd.stub_identity(["/bin/sh", "/repo/m/triton_python_backend_stub", *args]) == ("m", "m_0")
-    assert wd.stub_identity(["/x/backends/python/triton_python_backend_stub", *args]) == ("m", "m_0")
-    assert wd.stub_identity(["/bin/sh", "/repo/m/run.sh", *args]) is None
+    assert stub_identity(["/bin/sh", "/repo/m/triton_python_backend_stub", *args]) == ("m", "m_0")
+    assert stub_identity(["/x/backends/python/triton_python_backend_stub", *args]) == ("m", "m_0")
+    assert stub_identity(["/bin/sh", "/repo/m/run.sh", *args]) is None
 
 
 def test_the_supervisor_watches_from_the_start_of_the_server_and_then_arms_that_watchdog(monkeypatch, tmp_path):

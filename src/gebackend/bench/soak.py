@@ -31,7 +31,7 @@ from typing import Callable, Mapping, Sequence
 from gebackend.bench import perf_analyzer, scenarios, server
 from gebackend.bench.soak_report import markdown, plot
 from gebackend.modelzoo.bench_models import DEFAULT_CACHE, models as known_models
-from gebackend.server.watchdog import stub_identity
+from gebackend.server.stubs import stub_identity
 
 # (model, how it is served): the static graph pads every batch to 4; the bucketed one batches to 1/2/4/8.
 SOAK_MODELS: tuple[tuple[str, scenarios.Scenario], ...] = (

@@ -38,7 +38,7 @@ from typing import Callable, Iterable, Protocol
 
 from gebackend.control.heartbeat import heartbeat_file, read_beat
 from gebackend.control.procfs import read_stat, stat_fields as _fields
-from gebackend.server.stubs import STUB_NAME, Stub, StubTracker, parse_stub, stub_identity  # noqa: F401 - read here too
+from gebackend.server.stubs import Stub, StubTracker, parse_stub
 
 PROC = Path("/proc")
 LEARN_INTERVAL = 0.1  # seconds between full scans while the server loads its models (~2 ms each)
