@@ -28,7 +28,7 @@ from gebackend.engines import create_engine, create_static_engine, engine_name
 from gebackend.engines.providers import as_selection
 from gebackend.engines.registry import kind
 from gebackend.errors import GeBackendError, ModelLoadError
-from gebackend.runtime import bucket_costs, static_fallback
+from gebackend.runtime import bucket_costs, lowering, static_fallback
 from gebackend.runtime.buckets import BucketRouter
 from gebackend.runtime.executor import Executor
 from gebackend.runtime.runners import BucketRunner, DynamicRunner
@@ -72,8 +72,8 @@ def load_executor(
             raise
         # the guard serves fp32 where the lowered model cannot be trusted, and one its engine cannot load is no
         # better (OpenVINO cannot read some files NNCF writes: a QDQ pair on a tensor of unknown rank)
-        spec, precision = _fp32(dataclasses.replace(spec, path=original), log,
-                                f"its engine cannot load the lowered model ({exc})", refused_by="its engine")
+        spec, precision = lowering.fp32(dataclasses.replace(spec, path=original), log,
+                                         f"its engine cannot load the lowered model ({exc})", refused_by="its engine")
         executor, how = build(spec, None)
     return executor, f"{precision}{how}"
 
@@ -83,11 +83,11 @@ def _lower(spec: ModelSpec, engine_kind, log: Callable[[str], None],
     """The spec pointing at the lowered model (compile/precision_cache.py), or at the original at fp32 where it is
     not lowered, and the precision part of the load line (runtime/lowering.py)."""
     from gebackend.compile.seed_shapes import SeedShapes
-    from gebackend.runtime.lowering import lower
 
     spec = _lowerable(spec, log)
-    seeded = SeedShapes(_file_shapes(spec), "the first bucket's shape") if spec.static else _seeded_shapes(spec, defaults)
-    return lower(spec, engine_kind, log, defaults, seeded)
+    seeded = (SeedShapes(_file_shapes(spec), "the first bucket's shape") if spec.static
+              else lowering.seeded_shapes(spec, defaults))
+    return lowering.lower(spec, engine_kind, log, defaults, seeded)
 
 
 def _lowerable(spec: ModelSpec, log: Callable[[str], None]) -> ModelSpec:
@@ -124,14 +124,6 @@ def _already_int8(spec: ModelSpec, log: Callable[[str], None]) -> tuple[ModelSpe
     return serving, "precision int8 (the file's own quantization), "
 
 
-def _seeded_shapes(spec: ModelSpec, defaults: Mapping[str, np.ndarray] | None = None):
-    """The shapes of a dynamic graph's seeded inputs (the accuracy check, the calibration samples) and where they came
-    from: compile/seed_shapes.py's choice (runtime/lowering.py `seeded_shapes`)."""
-    from gebackend.runtime.lowering import seeded_shapes
-
-    return seeded_shapes(spec, defaults)
-
-
 def _file_shapes(spec: ModelSpec):
     """A compiled shape the model's own file takes (trim_padding may compile lengths shorter than the file fixes)."""
     if spec.options.static.trim_padding is None:
@@ -139,14 +131,6 @@ def _file_shapes(spec: ModelSpec):
     from gebackend.runtime.padding_trim import TrimPlan, full_shapes
 
     return full_shapes(spec, TrimPlan.of(spec))
-
-
-def _fp32(spec: ModelSpec, log: Callable[[str], None], why: str,
-          refused_by: str = "the accuracy guard", line: str = "") -> tuple[ModelSpec, str]:
-    """The lowered model is not served: the spec serving the original file at fp32 (runtime/lowering.py `fp32`)."""
-    from gebackend.runtime.lowering import fp32
-
-    return fp32(spec, log, why, refused_by, line)
 
 
 def _build(spec: ModelSpec, providers: Sequence, log: Callable[[str], None],
