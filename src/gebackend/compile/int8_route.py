@@ -37,8 +37,7 @@ def weighted_op_counts(path: Path) -> tuple[int, int]:
 @functools.lru_cache(maxsize=16)
 def _weighted_op_counts(path: str, size: int, mtime_ns: int) -> tuple[int, int]:
     model = onnx.load(path, load_external_data=False)
-    constants = {init.name for init in model.graph.initializer}
-    constants |= {out for node in model.graph.node if node.op_type == "Constant" for out in node.output}
+    constants = _constant_names(model.graph)
     for node in model.graph.node:  # a weight the exporter shares through an Identity (compile/untie.py unties it)
         if node.op_type == "Identity" and node.input and node.input[0] in constants:
             constants.update(node.output)
@@ -49,6 +48,11 @@ def _weighted_op_counts(path: str, size: int, mtime_ns: int) -> tuple[int, int]:
             matmuls += FAMILIES.get(node.op_type) == "MatMul/Gemm"
     return convs, matmuls
 
+
+def _constant_names(graph: onnx.GraphProto) -> set[str]:
+    """The tensors stored in the graph: its initializers and its Constant nodes' outputs."""
+    names = {init.name for init in graph.initializer}
+    return names | {out for node in graph.node if node.op_type == "Constant" for out in node.output}
 
 
 def choose(quantization: str, calibration_data: str, engine_kind, path: Path | None = None) -> tuple[str, str]:
@@ -107,8 +111,7 @@ def quantized_in(path: Path) -> Quantized:
     """Count, in a quantized file's graph (its weights are not read), the weighted ops that run int8: an integer op of
     ONNX Runtime's, or a float op whose stored weight comes through a DequantizeLinear (QDQ); of all weighted ops."""
     graph = onnx.load(str(path), load_external_data=False).graph
-    constants = {init.name for init in graph.initializer}
-    constants |= {out for node in graph.node if node.op_type == "Constant" for out in node.output}
+    constants = _constant_names(graph)
     producer = {out: node for node in graph.node for out in node.output}
 
     def stored(name: str, depth: int = 0) -> bool:
