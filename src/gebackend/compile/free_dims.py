@@ -33,12 +33,16 @@ _OPERATORS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.m
               ast.Mod: operator.mod}
 
 
+def graph_inputs(model: onnx.ModelProto) -> list:
+    """The graph's tensor inputs that are no initializer: what a request (or an invented input) feeds."""
+    initializers = {init.name for init in model.graph.initializer}
+    return [v for v in model.graph.input if v.name not in initializers and v.type.HasField("tensor_type")]
+
+
 def concrete_shapes(model: onnx.ModelProto, hints: Mapping[str, Sequence[int]] | None = None, batch: int = 1,
                     default: int = 16) -> dict[str, tuple[int, ...]]:
     """A concrete shape for every graph input that is no initializer (see the module docstring)."""
-    graph = model.graph
-    initializers = {init.name for init in graph.initializer}
-    inputs = [v for v in graph.input if v.name not in initializers and v.type.HasField("tensor_type")]
+    inputs = graph_inputs(model)
     needed = {**conv_channels(model), **_hinted(inputs, hints or {})}  # the user's sizes win
     named: dict[str, int] = {}
     for value in inputs:  # the names a size is known for: given, or needed by the graph

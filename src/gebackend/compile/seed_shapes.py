@@ -69,7 +69,7 @@ def seed_shapes(path: Path, inputs: Sequence = (), batching: bool = False, warmu
         return SeedShapes(base, "the config's dims" if shape_sources.free_axes(model, {}) else "the file's dims")
     images = shape_sources.image_axes(model, free, hints)
     candidates = (shape_sources.warmup(warmup, batching) + shape_sources.sample(sample)
-                  + shape_sources.metadata(model, images) + shape_sources.probes(model, free, hints))
+                  + shape_sources.metadata(model, images) + shape_sources.probes(model, images))
     shaped = _distinct([(c.source, concrete_shapes(model, _over(hints, c.hints), default=c.default))
                         for c in candidates])
     index, why, probed = _verdict(path, model, shaped, fixed, home or path, name)

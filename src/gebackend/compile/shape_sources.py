@@ -21,7 +21,7 @@ from typing import Mapping, Sequence
 import numpy as np
 import onnx
 
-from gebackend.compile.free_dims import conv_channels
+from gebackend.compile.free_dims import conv_channels, graph_inputs
 
 Hints = Mapping[str, Sequence[int]]
 DEFAULT = 16  # compile/free_dims.py's size for a free dim nothing else sizes
@@ -38,11 +38,6 @@ class Candidate:
     source: str  # the phrase the load line prints: "model_warmup", "the file's metadata imgsz=[320, 320]", ...
     hints: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
     default: int = DEFAULT  # the size of a free dim the hints leave free
-
-
-def graph_inputs(model: onnx.ModelProto) -> list:
-    initializers = {init.name for init in model.graph.initializer}
-    return [v for v in model.graph.input if v.name not in initializers and v.type.HasField("tensor_type")]
 
 
 def free_axes(model: onnx.ModelProto, hints: Hints) -> dict[str, tuple[int, ...]]:
@@ -138,11 +133,10 @@ def _sized(model: onnx.ModelProto, images: Mapping[str, tuple[int, ...]], side: 
     return hints
 
 
-def probes(model: onnx.ModelProto, free: Mapping[str, tuple[int, ...]], hints: Hints | None = None) -> list[Candidate]:
-    """Typical sizes: every image side at each of IMAGE_SIZES where the model has free image sides (its other free
-    dims at DEFAULT), then the LINE_SIZES of a line of text where both sides are free; else DEFAULT and then each of
-    LENGTHS for every free dim."""
-    images = image_axes(model, free, hints)
+def probes(model: onnx.ModelProto, images: Mapping[str, tuple[int, ...]]) -> list[Candidate]:
+    """Typical sizes: every image side at each of IMAGE_SIZES where the model has free image sides (`images`, from
+    `image_axes`; its other free dims at DEFAULT), then the LINE_SIZES of a line of text where both sides are free;
+    else DEFAULT and then each of LENGTHS for every free dim."""
     if images:
         two = any(len(a) == 2 for a in images.values())
         squares = [Candidate(f"probed {size}x{size}" if two else f"probed {size}", _sized(model, images, (size, size)))
