@@ -180,6 +180,7 @@ def lowered_model(model: str, model_path: Path, engines, engine_kind, batching: 
     from gebackend.compile import calibration
     from gebackend.compile.int8_route import choose
     from gebackend.compile.precision import INT8_OP_TYPES, check_supported, lower_precision
+    from gebackend.compile.seed_shapes import shapes_text
 
     mode = engines.precision_mode
     check_supported(mode)
@@ -218,7 +219,7 @@ def lowered_model(model: str, model_path: Path, engines, engine_kind, batching: 
     def build(folder: Path, name: str) -> Path:
         chosen = samples
         if quantization == "static" and chosen is None:
-            at = " ".join(f"{n}:{list(s)}" for n, s in (shapes or {}).items())
+            at = shapes_text(shapes or {})
             at = f" at {at}" + (f" ({shapes_source})" if shapes_source else "") if at else ""
             log(f"precision int8: calibrating on {engines.calibration_samples} seeded random sample(s){at} (no "
                 f"calibration_data): real inputs give better scales, set calibration_data to a folder of .npy files")

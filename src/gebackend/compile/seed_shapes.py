@@ -42,11 +42,16 @@ class SeedShapes:
 
     def describe(self) -> str:
         """`images:[1, 3, 320, 320]`, one per input."""
-        return " ".join(f"{name}:{list(shape)}" for name, shape in self.shapes.items())
+        return shapes_text(self.shapes)
 
     def phrase(self) -> str:
         """The shapes and where they came from, as the load line says them."""
         return f"{self.describe()}, {self.source}"
+
+
+def shapes_text(shapes: Mapping[str, Sequence[int]]) -> str:
+    """Input shapes as the load log says them: `images:[1, 3, 320, 320] mask:[1, 8]`."""
+    return " ".join(f"{name}:{list(shape)}" for name, shape in shapes.items())
 
 
 def config_hints(inputs: Sequence, batching: bool) -> dict[str, tuple[int, ...]]:
@@ -188,7 +193,7 @@ def _probe(path: Path, model: onnx.ModelProto, shaped: list[tuple[str, Shapes]],
             runner.run(None, feeds)
             return index, "", True
         except Exception as exc:  # noqa: BLE001 - the model refuses these sizes: the next are tried
-            failed.append(f"{' '.join(f'{n}:{list(s)}' for n, s in shapes.items())} ({source}): {short(exc)}")
+            failed.append(f"{shapes_text(shapes)} ({source}): {short(exc)}")
     return None, _tried(failed), True
 
 

@@ -19,7 +19,7 @@ from typing import Callable, Mapping
 
 import numpy as np
 
-from gebackend.compile.seed_shapes import SeedShapes
+from gebackend.compile.seed_shapes import SeedShapes, shapes_text
 from gebackend.config.spec import ModelSpec
 from gebackend.errors import GeBackendError, ModelLoadError
 
@@ -212,7 +212,7 @@ def _checked(spec: ModelSpec, lowered, seeded: SeedShapes, defaults: Mapping[str
     judged = judge if judge is not None else lowered.path
     if sample is not None:
         report = accuracy_report(spec.path, judged, dict(sample), input_label="the first calibration sample")
-        shapes = " ".join(f"{name}:{list(np.shape(value))}" for name, value in sample.items())
+        shapes = shapes_text({name: np.shape(value) for name, value in sample.items()})
         return report, f"{shapes}, the first calibration_data sample"
     report = accuracy_report(spec.path, judged, random_feeds(spec.path, seeded.shapes, fixed=defaults))
     return report, seeded.phrase()
