@@ -265,6 +265,26 @@ def _nncf_source(path: Path, log: Callable[[str], None]) -> onnx.ModelProto:
 
 
 PER_CHANNEL_OPSET = 13  # DequantizeLinear's `axis` (per-channel weights) is opset 13's
+NNCF_MIN_OPSET = 10  # NNCF's ONNX backend refuses older files ("ONNX models with opset version < 10 do not support ...")
+UPGRADE_OPSET = 13  # what a file below either is converted to
+
+
+def _upgraded(model: onnx.ModelProto, below: int, need: str,
+              log: Callable[[str], None]) -> tuple[onnx.ModelProto, int | None, str]:
+    """(`model` converted to opset 13 where its opset is below `below`, else as it is; its own opset; why the
+    conversion failed, "" where it did not fail). A conversion done is said in the log, with `need` as the reason."""
+    from gebackend.compile import upgrade
+
+    opset = upgrade.default_opset(model)
+    if opset is None or opset >= below:
+        return model, opset, ""
+    try:
+        converted = upgrade.upgrade_opset(model, UPGRADE_OPSET)
+    except Exception as exc:  # noqa: BLE001 - an adapter onnx.version_converter lacks, a free dim it refuses
+        return model, opset, _short(exc)
+    log(f"precision int8: {need}: the model's opset {opset} converted to {UPGRADE_OPSET} with onnx.version_converter "
+        f"first")
+    return converted, opset, ""
 
 
 def _per_channel_opset(source, log: Callable[[str], None]):
@@ -272,44 +292,24 @@ def _per_channel_opset(source, log: Callable[[str], None]):
     DequantizeLinear nodes (an `axis`) into the file at its own opset, and ONNX Runtime then refuses to load a file
     below opset 13 with one (paddle2onnx writes opset 11: `Unrecognized attribute: axis for operator
     DequantizeLinear`). A large model's path, or a file the converter cannot convert, is handed on as it is."""
-    from gebackend.compile import upgrade
-
     if not isinstance(source, onnx.ModelProto):
         return source
-    opset = upgrade.default_opset(source)
-    if opset is None or opset >= PER_CHANNEL_OPSET:
-        return source
-    try:
-        converted = upgrade.upgrade_opset(source, PER_CHANNEL_OPSET)
-    except Exception as exc:  # noqa: BLE001 - an adapter onnx.version_converter lacks: the quantizer says the rest
+    converted, opset, failed = _upgraded(source, PER_CHANNEL_OPSET,
+                                         f"per-channel weights need opset {PER_CHANNEL_OPSET}", log)
+    if failed:  # the quantizer says the rest
         log(f"precision int8: per-channel weights need opset {PER_CHANNEL_OPSET}, and converting the model's opset "
-            f"{opset} failed ({_short(exc)}); quantized at opset {opset}")
-        return source
-    log(f"precision int8: per-channel weights need opset {PER_CHANNEL_OPSET}: the model's opset {opset} converted to "
-        f"{PER_CHANNEL_OPSET} with onnx.version_converter first")
+            f"{opset} failed ({failed}); quantized at opset {opset}")
     return converted
-
-
-NNCF_MIN_OPSET = 10  # NNCF's ONNX backend refuses older files ("ONNX models with opset version < 10 do not support ...")
-NNCF_UPGRADE_OPSET = 13
 
 
 def _nncf_opset(model: onnx.ModelProto, log: Callable[[str], None]) -> onnx.ModelProto:
     """`model`, converted to opset 13 first when its opset is one NNCF refuses (model-zoo files are opset 7-9)."""
-    from gebackend.compile import upgrade
-
-    opset = upgrade.default_opset(model)
-    if opset is None or opset >= NNCF_MIN_OPSET:
-        return model
-    try:
-        converted = upgrade.upgrade_opset(model, NNCF_UPGRADE_OPSET)
-    except Exception as exc:  # noqa: BLE001 - an adapter onnx.version_converter lacks, a free dim it refuses
+    converted, opset, failed = _upgraded(model, NNCF_MIN_OPSET, f"NNCF quantizes opset {NNCF_MIN_OPSET} and newer", log)
+    if failed:
         raise ModelLoadError(
             f"precision_mode=int8: NNCF quantizes opset {NNCF_MIN_OPSET} and newer, and converting this model's opset "
-            f"{opset} to {NNCF_UPGRADE_OPSET} with onnx.version_converter failed: {_short(exc)}; serve it with "
-            f"engine=onnxruntime (ONNX Runtime's quantizer), or precision_mode=origin") from None
-    log(f"precision int8: NNCF quantizes opset {NNCF_MIN_OPSET} and newer: the model's opset {opset} converted to "
-        f"{NNCF_UPGRADE_OPSET} with onnx.version_converter first")
+            f"{opset} to {UPGRADE_OPSET} with onnx.version_converter failed: {failed}; serve it with "
+            f"engine=onnxruntime (ONNX Runtime's quantizer), or precision_mode=origin")
     return converted
 
 
