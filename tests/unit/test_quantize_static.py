@@ -100,6 +100,32 @@ def test_nncf_quantizes_a_model_zoo_opset_9_file_converted_to_opset_13(tmp_path)
     assert _fresh_cosine(path, lambda feeds: compiled(feeds)[0]) >= 0.99
 
 
+def test_onnxruntime_quantizes_an_opset_11_file_at_opset_13_so_its_per_channel_weights_load(tmp_path):
+    """paddle2onnx writes opset 11; DequantizeLinear's per-channel `axis` is opset 13's, so the file is converted
+    first: quantized at opset 11, ONNX Runtime refused to load it (`Unrecognized attribute: axis`)."""
+    import onnxruntime as ort
+    from gebackend.compile.upgrade import default_opset
+
+    rng = np.random.default_rng(3)
+    weights = [numpy_helper.from_array((rng.standard_normal((8, 3, 3, 3)) / 4).astype(np.float32), "w1"),
+               numpy_helper.from_array((rng.standard_normal((16, 8, 3, 3)) / 8).astype(np.float32), "w2")]
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["c1"], ["r1"]),
+         helper.make_node("Conv", ["r1", "w2"], ["c2"], pads=[1, 1, 1, 1]),
+         helper.make_node("GlobalAveragePool", ["c2"], ["p"]), helper.make_node("Flatten", ["p"], ["y"])],
+        "conv11", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["batch", 3, 16, 16])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["batch", 16])], weights)
+    path, out = tmp_path / "opset11.onnx", tmp_path / "q.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 11)], ir_version=7), str(path))
+    lines = []
+    nodes = quantize_static.quantize_onnxruntime(path, out, random_samples(path, 8), lines.append)
+    assert ("precision int8: per-channel weights need opset 13: the model's opset 11 converted to 13 with "
+            "onnx.version_converter first") in lines, lines
+    assert nodes > 0 and default_opset(onnx.load(str(out))) == 13
+    session = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+    assert _fresh_cosine(path, lambda feeds: session.run(None, feeds)[0]) >= 0.99
+
+
 def test_ort_types_follow_this_cpus_flags():
     activation, weight, reduce_range, why = quantize_static.ort_types()
     machine = platform.machine().lower()
