@@ -11,6 +11,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
+
 GEBACKEND = [sys.executable, "-m", "gebackend.cli.main"]
 
 
@@ -35,6 +37,20 @@ class RunningServer:
     @property
     def grpc_url(self) -> str:
         return f"127.0.0.1:{self.grpc_port}"
+
+    def tritonserver(self) -> psutil.Process:
+        """The tritonserver process `gebackend serve` started."""
+        return next(p for p in psutil.Process(self.process.pid).children() if p.name() == "tritonserver")
+
+    def children_and_command_lines(self) -> list[tuple[psutil.Process, list[str]]]:
+        """tritonserver's child processes (its stubs) with their command lines, those still readable."""
+        found = []
+        for process in self.tritonserver().children():
+            try:
+                found.append((process, process.cmdline()))
+            except psutil.Error:
+                continue
+        return found
 
     def output(self) -> str:
         return self.log_path.read_text(errors="replace")

@@ -19,7 +19,6 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-import psutil
 import pytest
 import tritonclient.http as httpclient
 
@@ -76,13 +75,8 @@ def served(tmp_path_factory):
 
 def wrappers(server: RunningServer) -> dict[int, tuple[str, str]]:
     """The running stubs of the server's instances, by the pid Triton knows (the wrapper's): (model folder, instance)."""
-    triton = next(p for p in psutil.Process(server.process.pid).children() if p.name() == "tritonserver")
     found = {}
-    for process in triton.children():
-        try:
-            args = process.cmdline()
-        except psutil.Error:
-            continue
+    for process, args in server.children_and_command_lines():
         if len(args) > 9 and args[1].endswith(STUB) and args[9] != Path(args[2]).parent.parent.name:
             found[process.pid] = (Path(args[2]).parent.parent.name, args[9])
     return found

@@ -84,8 +84,7 @@ def _running(process: psutil.Process) -> bool:
 
 
 def stub_of(server: RunningServer, instance: str) -> psutil.Process:
-    triton = next(p for p in psutil.Process(server.process.pid).children() if p.name() == "tritonserver")
-    return next(p for p in triton.children() if instance in p.cmdline())
+    return next(p for p in server.tritonserver().children() if instance in p.cmdline())
 
 
 def add_mul_request(module, value: float):
@@ -337,7 +336,7 @@ def add_mul_plus(offset: float) -> onnx.ModelProto:
 
 def our_rss(server: RunningServer) -> tuple[int, int]:
     """(tritonserver RSS, sum of its stubs' RSS) in bytes."""
-    triton = next(p for p in psutil.Process(server.process.pid).children() if p.name() == "tritonserver")
+    triton = server.tritonserver()
     stubs = 0
     for child in triton.children():
         try:

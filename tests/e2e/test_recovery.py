@@ -48,13 +48,8 @@ def healing_server(tmp_path_factory):
 
 
 def stubs(server: RunningServer) -> dict[str, psutil.Process]:
-    triton = next(p for p in psutil.Process(server.process.pid).children() if p.name() == "tritonserver")
     found = {}
-    for process in triton.children():
-        try:
-            args = process.cmdline()
-        except psutil.Error:
-            continue
+    for process, args in server.children_and_command_lines():
         if len(args) > 8 and args[0].endswith("triton_python_backend_stub"):
             found[args[8]] = process
     return found
