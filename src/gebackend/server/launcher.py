@@ -14,7 +14,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import sysconfig
@@ -33,6 +32,7 @@ from gebackend.errors import GeBackendError
 from gebackend.server.distribution import TritonDistribution, find_triton
 from gebackend.control import env as control_env, registry
 from gebackend.server.layout import lay_out_backends
+from gebackend.server.ports import port_in_use
 from gebackend.server.repository_client import LaunchError, ModelControl, RepositoryClient, RepositoryError
 
 SHM_DIR = Path("/dev/shm")
@@ -50,16 +50,6 @@ class ServerSettings:
     startup_timeout: float = 300.0
     exit_timeout: int = 30
     allow_model_control: bool = False  # clients may load/unload models through the repository API
-
-
-def port_in_use(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind(("0.0.0.0", port))
-        except OSError:
-            return True
-    return False
 
 
 def _die_with_parent() -> None:
