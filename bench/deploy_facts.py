@@ -21,7 +21,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -34,16 +33,11 @@ import psutil
 import tritonclient.http as httpclient
 
 from gebackend import cpu
+from gebackend.server.ports import free_ports
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples" / "model_repository"
 LOADED = re.compile(r"model '([^']+)' instance '([^']+)' loaded (\S+) in ([0-9.]+)s")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def params(**values: str) -> str:
@@ -82,7 +76,7 @@ def build_repository(folder: Path, names: list[str], variants: bool) -> Path:
 
 class Server:
     def __init__(self, repo: Path, log: Path, cpus: str | None = None):
-        self.ports = [free_port() for _ in range(3)]
+        self.ports = free_ports(3)
         cmd = [sys.executable, "-m", "gebackend.cli.main", "serve", str(repo), "--http-port", str(self.ports[0]),
                "--grpc-port", str(self.ports[1]), "--metrics-port", str(self.ports[2]),
                "--", "--http-address=127.0.0.1", "--grpc-address=127.0.0.1"]

@@ -27,7 +27,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -40,23 +39,18 @@ from round_robin_proxy import start_proxy
 
 from gebackend import cpu
 from gebackend.files import link_or_copy
+from gebackend.server.ports import free_ports
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples" / "model_repository"
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 # -- replicas -----------------------------------------------------------------------------------------------------
 class Replica:
     def __init__(self, repo: Path, cpu: int, log: Path):
-        self.port = free_port()
+        self.port, grpc, metrics = free_ports(3)
         cmd = ["taskset", "-c", str(cpu), sys.executable, "-m", "gebackend.cli.main", "serve", str(repo),
-               "--http-port", str(self.port), "--grpc-port", str(free_port()), "--metrics-port", str(free_port()),
+               "--http-port", str(self.port), "--grpc-port", str(grpc), "--metrics-port", str(metrics),
                "--", "--http-address=127.0.0.1", "--grpc-address=127.0.0.1"]
         self.log = log
         self.process = subprocess.Popen(cmd, stdout=open(log, "w"), stderr=subprocess.STDOUT,
@@ -303,7 +297,7 @@ def main() -> int:
     try:
         for n in counts:
             replicas = [Replica(repo, i % cores, args.out / f"replica-{n}-{i}.log") for i in range(n)]
-            proxy_port = free_port()
+            proxy_port, = free_ports(1)
             proxy = start_proxy(result["proxy"], proxy_port, [f"http://127.0.0.1:{r.port}" for r in replicas], work)
             try:
                 for replica in replicas:

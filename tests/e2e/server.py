@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -13,13 +12,9 @@ from pathlib import Path
 
 import psutil
 
+from gebackend.server.ports import free_ports
+
 GEBACKEND = [sys.executable, "-m", "gebackend.cli.main"]
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @dataclass
@@ -91,7 +86,7 @@ def _port_taken(output: str) -> bool:
 
 
 def _start_once(repo: Path, log_path: Path, cli_args: list[str], timeout: float) -> RunningServer:
-    ports = [free_port() for _ in range(3)]
+    ports = free_ports(3)
     cmd = GEBACKEND + [
         "serve", str(repo),
         "--http-port", str(ports[0]), "--grpc-port", str(ports[1]), "--metrics-port", str(ports[2]),

@@ -19,8 +19,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from gebackend.server.ports import free_ports
+
 from .conftest import ROOT
-from .server import free_port
 from .test_cnclip_service import cnclip, expected_image, expected_text, l2  # noqa: F401 (cnclip: the server fixture)
 
 pytestmark = pytest.mark.e2e
@@ -166,7 +167,7 @@ def test_an_undecodable_file_is_skipped_and_named(cnclip, images, tmp_path):
 
 def test_clear_errors_without_a_server_or_a_model(cnclip, images, tmp_path):
     server, _, _ = cnclip
-    port = free_port()
+    port, = free_ports(1)
     for protocol in ("http", "grpc"):
         done = run_client("classify", str(images), "--labels", "猫", "--protocol", protocol, "--url", f"127.0.0.1:{port}")
         assert done.returncode == 2, (done.stdout, done.stderr)

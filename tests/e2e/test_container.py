@@ -33,7 +33,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
-from .server import free_port
+from gebackend.server.ports import free_ports
 
 ROOT = Path(__file__).resolve().parents[2]
 IMAGE = os.environ.get("GE_CONTAINER_IMAGE", "localhost/gebackend:latest")
@@ -187,7 +187,7 @@ def _wait_ready(podman: Podman, name: str, http: int, timeout: float = 180) -> f
 
 @pytest.fixture(scope="module")
 def served(podman: Podman, request):
-    ports = [free_port() for _ in range(3)]
+    ports = free_ports(3)
     name = podman.start(*_locked_down(*ports), IMAGE)
     try:
         ready = _wait_ready(podman, name, ports[0])
@@ -271,7 +271,7 @@ def test_sigterm_stops_it_cleanly_within_the_grace_period(podman: Podman, tmp_pa
     copy = podman.run("run", "--rm", *podman.flags, "--network", "none", "--entrypoint", "/bin/sh", "-v",
                       f"{tmp_path}:/out", "--user", "0", IMAGE, "-c", "cp -r /models /out/repository && chmod -R a+rX /out")
     assert copy.returncode == 0, copy.stderr
-    ports = [free_port() for _ in range(3)]
+    ports = free_ports(3)
     kserve = ("--http-port", "8080", "--grpc-port", "9000")
     name = podman.start(*_locked_down(*ports, *kserve), "-v", f"{repo}:/mnt/models:ro", IMAGE, "/mnt/models", *kserve)
     try:
@@ -318,8 +318,9 @@ def test_serve_fails_at_start_when_dev_shm_is_too_small(tmp_path: Path, request)
     import onnx
 
     onnx.save(build_resnet(), str(model / "1" / "model.onnx"))
+    http, grpc, metrics = free_ports(3)
     script = (f"mount -t tmpfs -o size=1m tmpfs /dev/shm && exec {sys.executable} -m gebackend.cli.main serve "
-              f"{tmp_path / 'repo'} --http-port {free_port()} --grpc-port {free_port()} --metrics-port {free_port()}")
+              f"{tmp_path / 'repo'} --http-port {http} --grpc-port {grpc} --metrics-port {metrics}")
     probe = _run(["unshare", "-m", "--propagation", "private", "true"], 30)
     if probe.returncode != 0:
         _skip(request, f"unshare -m does not work here: {probe.stderr.strip()}")

@@ -23,9 +23,10 @@ import tritonclient.http as httpclient
 from onnx import helper
 
 from gebackend.modelzoo import build_add_mul, build_bert
+from gebackend.server.ports import free_ports
 
 from .conftest import ADD_MUL_CONFIG, BERT_BUCKETS, add_model, params
-from .server import GEBACKEND, RunningServer, free_port, start_server
+from .server import GEBACKEND, RunningServer, start_server
 
 pytestmark = pytest.mark.e2e
 
@@ -274,8 +275,7 @@ def test_ctrl_c_while_models_load_stops_at_once(tmp_path):
     log = tmp_path / "serve.log"
     with open(log, "w") as out:
         process = subprocess.Popen(
-            GEBACKEND + ["serve", str(repo), "--http-port", str(free_port()), "--grpc-port", str(free_port()),
-                         "--metrics-port", str(free_port())],
+            GEBACKEND + ["serve", str(repo), *_port_flags(*free_ports(3))],
             stdout=out, stderr=subprocess.STDOUT, env=dict(os.environ, PYTHONUNBUFFERED="1"),
         )
     deadline = time.monotonic() + 60
@@ -297,6 +297,10 @@ def test_ctrl_c_while_models_load_stops_at_once(tmp_path):
     assert not list(Path("/dev/shm").glob(f"gebackend{process.pid}x*"))
 
 
+def _port_flags(http: int, grpc: int, metrics: int) -> list[str]:
+    return ["--http-port", str(http), "--grpc-port", str(grpc), "--metrics-port", str(metrics)]
+
+
 def test_port_in_use_fails_fast_with_reason(tmp_path):
     repo = tmp_path / "repo"
     add_model(repo, "add_mul", ADD_MUL_CONFIG, build_add_mul())
@@ -306,13 +310,25 @@ def test_port_in_use_fails_fast_with_reason(tmp_path):
         port = taken.getsockname()[1]
         started = time.monotonic()
         done = subprocess.run(
-            GEBACKEND + ["serve", str(repo), "--http-port", str(port), "--grpc-port", str(free_port()),
-                         "--metrics-port", str(free_port())],
+            GEBACKEND + ["serve", str(repo), *_port_flags(port, *free_ports(2))],
             capture_output=True, text=True, timeout=60,
         )
     assert done.returncode != 0
     assert f"HTTP port {port} is already in use" in done.stderr
     assert time.monotonic() - started < 30
+
+
+def test_one_port_for_two_services_fails_fast_with_reason(tmp_path):
+    repo = tmp_path / "repo"
+    add_model(repo, "add_mul", ADD_MUL_CONFIG, build_add_mul())
+    port, metrics = free_ports(2)
+    done = subprocess.run(
+        GEBACKEND + ["serve", str(repo), *_port_flags(port, port, metrics)],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert done.returncode != 0
+    assert f"HTTP and gRPC are both given port {port}; each service needs its own" in done.stderr
+    assert "Usage" not in done.stderr and "--trace" not in done.stderr  # not tritonserver's usage text
 
 
 def test_missing_repository_fails_fast(tmp_path):

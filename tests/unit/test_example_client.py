@@ -2,22 +2,17 @@
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
+from gebackend.server.ports import free_ports
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _closed_port() -> int:
-    with socket.socket() as sock:  # a port that was free a moment ago: nothing listens there
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def test_no_server_is_one_clear_line_not_a_traceback():
-    port = _closed_port()
+    port, = free_ports(1)  # free a moment ago: nothing listens there
     done = subprocess.run([sys.executable, str(ROOT / "examples" / "client.py"), "--http", f"127.0.0.1:{port}",
                            "--grpc", f"127.0.0.1:{port}"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 2, done.stdout + done.stderr

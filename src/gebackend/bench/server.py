@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -14,15 +13,10 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from gebackend.server.layout import extra_backends_env
+from gebackend.server.ports import free_ports
 
 GEBACKEND = [sys.executable, "-m", "gebackend.cli.main"]
 _FAILED = re.compile(r"gebackend: model '([^']+)' failed to load: (.*)")
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class ServeError(RuntimeError):
@@ -72,7 +66,7 @@ def start(repo: Path, log_path: Path, cli_args: Sequence[str] = (), timeout: flo
 
     `extra_backends` (backend name -> folder, e.g. the peer's onnxruntime backend) are laid out beside ours in the
     server's backends folder ($GE_EXTRA_BACKENDS, gebackend.server.layout)."""
-    ports = [free_port() for _ in range(3)]
+    ports = free_ports(3)
     cmd = GEBACKEND + [
         "serve", str(repo),
         "--http-port", str(ports[0]), "--grpc-port", str(ports[1]), "--metrics-port", str(ports[2]),

@@ -32,7 +32,7 @@ from gebackend.errors import GeBackendError
 from gebackend.server.distribution import TritonDistribution, find_triton
 from gebackend.control import env as control_env, registry
 from gebackend.server.layout import lay_out_backends
-from gebackend.server.ports import port_in_use
+from gebackend.server.ports import port_in_use, shared_port
 from gebackend.server.repository_client import LaunchError, ModelControl, RepositoryClient, RepositoryError
 
 SHM_DIR = Path("/dev/shm")
@@ -116,7 +116,10 @@ class TritonServer:
         s = self.settings
         if not s.model_repository.is_dir():
             raise LaunchError(f"model repository {s.model_repository} is not a folder")
-        for label, port in (("HTTP", s.http_port), ("gRPC", s.grpc_port), ("metrics", s.metrics_port)):
+        ports = {"HTTP": s.http_port, "gRPC": s.grpc_port, "metrics": s.metrics_port}
+        if (clash := shared_port(ports)) is not None:
+            raise LaunchError(f"{clash}; choose another with --http-port, --grpc-port or --metrics-port")
+        for label, port in ports.items():
             if port_in_use(port):
                 raise LaunchError(f"{label} port {port} is already in use; choose another with --{label.lower()}-port")
         for leftover in registry.sweep_stale(SHM_DIR):

@@ -13,3 +13,28 @@ def port_in_use(port: int) -> bool:
         except OSError:
             return True
     return False
+
+
+def free_ports(count: int) -> list[int]:
+    """`count` distinct ports free now: every socket stays bound until all are picked, so the kernel cannot hand
+    the same port out twice (picking them one at a time can, and two services on one port cannot start)."""
+    sockets = []
+    try:
+        for _ in range(count):
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sockets.append(sock)
+            sock.bind(("127.0.0.1", 0))
+        return [sock.getsockname()[1] for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def shared_port(ports: dict[str, int]) -> str | None:
+    """A sentence naming two services given the same port, or None when every port is its own."""
+    seen: dict[int, str] = {}
+    for label, port in ports.items():
+        if port in seen:
+            return f"{seen[port]} and {label} are both given port {port}; each service needs its own"
+        seen[port] = label
+    return None
