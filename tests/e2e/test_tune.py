@@ -50,11 +50,12 @@ def build_mlp(seed: int = 0) -> onnx.ModelProto:
     return model
 
 
-def quick_tune(model_dir: Path, out: Path, *extra: str) -> subprocess.CompletedProcess:
-    """`gebackend tune MODEL_DIR --quick` through the real CLI, 3 minutes at concurrency 2, only exact rungs accepted
+def quick_tune(model_dir: Path, out: Path, *extra: str, minutes: float = 3) -> subprocess.CompletedProcess:
+    """`gebackend tune MODEL_DIR --quick` through the real CLI, `minutes` at concurrency 2, only exact rungs accepted
     (0.9999999: the winner can be compared with the ONNX file; on a CPU with VNNI the lowered rungs are measured first
-    and would win); it must succeed."""
-    cmd = [sys.executable, "-m", "gebackend.cli.main", "tune", str(model_dir), "--quick", "--time-budget-min", "3",
+    and would win); it must succeed. A test that needs no more than its first candidates measured gives it 1.5
+    minutes: the checks before the first server take about 20 s and a candidate about 10 s on a 2-core machine."""
+    cmd = [sys.executable, "-m", "gebackend.cli.main", "tune", str(model_dir), "--quick", "--time-budget-min", str(minutes),
            "--concurrency", "2", *extra, "--min-cosine", "0.9999999", "--out", str(out)]
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=420)
     assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
@@ -145,7 +146,7 @@ def test_tune_with_padded_requests_cuts_them_in_every_candidate_and_the_winner(t
     requests = tmp_path / "requests.json"
     requests.write_text(json.dumps({"data": [{"text": {"content": r, "shape": [52]}} for r in rows]}))
     out = tmp_path / "tune"
-    done = quick_tune(model_dir, out, "--input-data", str(requests))  # the winner compared at full length below
+    done = quick_tune(model_dir, out, "--input-data", str(requests), minutes=1.5)  # the winner compared at full length below
     assert ("tune: your requests' 'text' ends in padding (the longest uses 20 of its 52 positions): every candidate "
             "cuts each batch to its longest request (trim_padding=text, checked at load); static candidates, whose "
             "batch buckets keep the full length, are measured last") in done.stderr
@@ -203,7 +204,7 @@ def tune_bert(tmp_path: Path, lengths, seed: int) -> tuple[Path, subprocess.Comp
         {"input_ids": {"content": rng.integers(1, 1000, n).tolist(), "shape": [n]},
          "attention_mask": {"content": [1] * n, "shape": [n]}} for n in lengths]}))
     out = tmp_path / "tune"
-    done = quick_tune(model_dir, out, "--input-data", str(requests))
+    done = quick_tune(model_dir, out, "--input-data", str(requests), minutes=1.5)
     data = json.loads((out / "report.json").read_text())
     static = [c for c in data["candidates"] if c["choices"]["graph"] == "static" and c["throughput"]]
     assert static, [(c["key"], c["status"]) for c in data["candidates"]]
