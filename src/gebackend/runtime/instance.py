@@ -1,7 +1,7 @@
 """One loaded instance of a model, from what Triton hands a backend: its config, version folder and instance name.
 
 Owns the load, in order: the options (config parameters over `--backend-config`), the option report, the
-npu_ge name pairing, pinning to the instance's cores (before any engine thread exists, so they inherit it),
+served file (compile/served_file.py: npu_ge name pairing and the rewrites the engines need), pinning to the instance's cores (before any engine thread exists, so they inherit it),
 the spec, the providers, the executor; and what runs beside every request: the heartbeat the watchdog of
 `gebackend serve` reads, live profiling, the first-request dump (dump_data=1). Nothing here knows Triton's
 `pb_utils`: `triton/bridge.py` turns requests into numpy feeds and results into responses and status codes,
@@ -17,18 +17,14 @@ from typing import Any, Callable, Mapping, Protocol, Sequence
 
 import numpy as np
 
-from gebackend.compile.unused_rows import served_kept_rows
-from gebackend.config.io_names import aliased_model
+from gebackend.compile.served_file import served_file
 from gebackend.config.local_functions import served_inlined
 from gebackend.config.model_file import find_model_file
-from gebackend.config.onnx_signature import Signature, read_signature
-from gebackend.config.normalizer_locale import served_locale
-from gebackend.config.optional_inputs import Defaults, served_model
-from gebackend.config.zipmap import served_unzipped
+from gebackend.config.onnx_signature import Signature
+from gebackend.config.optional_inputs import Defaults
 from gebackend.config.option_groups import BackendOptions
 from gebackend.config.option_report import load_report
 from gebackend.config.options import ParsedOptions, global_options_from_env, model_parameters, parse_options
-from gebackend.config.training_mode import describe as describe_training
 from gebackend.config.spec import ModelSpec, build_model_spec
 from gebackend.engines import select_providers
 from gebackend.profiling.control import ProfilingControl
@@ -108,14 +104,9 @@ class ModelInstance:
             (log.warn if warn else log.info)(f"gebackend: model '{name}': {line}")
         say = lambda m: log.info(f"gebackend: model '{name}': {m}")  # noqa: E731
         in_repository = path  # caches (TensorRT's engines, int8 models) are kept beside this file, not beside a copy
-        path = aliased_model(config, path, say, server_temp_parent())  # npu_ge: names paired by position
-        signature = read_signature(path)
-        if signature.training:
-            log.warn(f"gebackend: model '{name}': {describe_training(signature.training)}")
-        path, defaults = served_model(config, path, signature, say, server_temp_parent())  # optional inputs: plain ones
-        path = served_locale(path, signature, say, server_temp_parent())  # StringNormalizer: a locale this machine has
-        path = served_unzipped(path, signature, say, server_temp_parent())  # a classifier's ZipMap: its tensor
-        path = served_kept_rows(path, signature, say, server_temp_parent())  # the first token: its rows only
+        served = served_file(config, path, say, lambda m: log.warn(f"gebackend: model '{name}': {m}"),
+                             server_temp_parent())
+        path, signature, defaults = served.path, served.signature, served.defaults
         options, ledger, lending = _pin(name, instance, config, parsed.options, log) if pin else (parsed.options, None, None)
         pinned = options
         options, engine_note = _resolve_auto(options, path, signature, say)
