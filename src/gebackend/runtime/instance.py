@@ -20,13 +20,13 @@ import numpy as np
 from gebackend.compile.served_file import served_file
 from gebackend.config.local_functions import served_inlined
 from gebackend.config.model_file import find_model_file
-from gebackend.config.onnx_signature import Signature
 from gebackend.config.optional_inputs import Defaults
 from gebackend.config.option_groups import BackendOptions
 from gebackend.config.option_report import load_report
 from gebackend.config.options import ParsedOptions, global_options_from_env, model_parameters, parse_options
 from gebackend.config.spec import ModelSpec, build_model_spec
 from gebackend.engines import select_providers
+from gebackend.engines.engine_choice import auto_took_openvino, resolve_engine
 from gebackend.profiling.control import ProfilingControl
 from gebackend.profiling.dump_data import FirstRequestDump, first_request_dump
 from gebackend.control.core_ledger import CoreLedger
@@ -36,7 +36,7 @@ from gebackend.runtime.sequence_state import SequenceKey, SequenceStates
 from gebackend.control.heartbeat import Heartbeat
 from gebackend.control.timing_lock import loading
 from gebackend.control.env import control_dir, server_temp_parent
-from gebackend.errors import ConfigError, ModelLoadError
+from gebackend.errors import ModelLoadError
 
 
 class InstanceLog(Protocol):
@@ -109,7 +109,7 @@ class ModelInstance:
         path, signature, defaults = served.path, served.signature, served.defaults
         options, ledger, lending = _pin(name, instance, config, parsed.options, log) if pin else (parsed.options, None, None)
         pinned = options
-        options, engine_note = _resolve_auto(options, path, signature, say)
+        options, engine_note = resolve_engine(options, path, signature, say)
 
         def load(options: BackendOptions):
             served = served_inlined(path, options.engines.engine, say, server_temp_parent())  # OpenVINO: no functions
@@ -121,13 +121,13 @@ class ModelInstance:
         try:
             spec, (executor, how) = load(options)
         except ModelLoadError as exc:
-            if not _auto_openvino(pinned, options):
+            if not auto_took_openvino(pinned, options):
                 raise
             # engine=auto took OpenVINO, which cannot serve this model (an operator it lacks: ai.onnx.ml, contrib ops):
             # ONNX Runtime runs every ONNX operator
             say(f"engine=auto: OpenVINO cannot serve this model ({exc}); onnxruntime instead")
             engine_note = f"engine=auto -> onnxruntime (OpenVINO cannot serve this model: {exc})"
-            spec, (executor, how) = load(_resolve_auto(pinned.replace(engine="onnxruntime"), path, signature, say)[0])
+            spec, (executor, how) = load(resolve_engine(pinned.replace(engine="onnxruntime"), path, signature, say)[0])
         how = f"{engine_note}, {how}" if engine_note else how  # the load line says why OpenVINO was not taken
         seconds = time.perf_counter() - started
         log.info(f"gebackend: model '{name}' instance '{instance.name}' loaded {path.name} in {seconds:.2f}s: "
@@ -265,66 +265,11 @@ def _sized_to_allowance(name: str, options, log: InstanceLog):
     return options.replace(intra_op_thread_count=allowance.cpus)
 
 
-def _resolve_auto(options: BackendOptions, path: Path, signature: Signature,
-                  say: Callable[[str], None]) -> tuple[BackendOptions, str]:
-    """`engine=auto` / `precision_mode=auto` made concrete for this model on this CPU (engines/auto_choice.py); a model
-    that only ONNX Runtime serves (`_onnxruntime_only`) runs there, and naming another engine for it fails the load.
-    Also the load line's note where engine=auto would have taken OpenVINO, which cannot read the model ("" else)."""
-    only = _onnxruntime_only(options, signature)
-    if only is not None:
-        if options.engines.engine == "auto":
-            say(f"engine=auto -> onnxruntime ({only[0]})")
-            options = options.replace(engine="onnxruntime")
-        elif options.engines.engine != "onnxruntime":
-            raise ConfigError(f"{only[1]}, which engine={options.engines.engine} cannot run; set engine=onnxruntime "
-                              f"(or auto)")
-    choice = options.engines
-    if "auto" not in (choice.engine, choice.precision_mode):
-        return options, ""
-    from gebackend import cpu
-    from gebackend.engines import auto_choice
-
-    def openvino_capabilities():  # imported only where OpenVINO is installed and asked
-        from gebackend.engines.openvino import openvino_capabilities
-
-        return openvino_capabilities()
-
-    chosen = auto_choice.resolve(choice.engine, choice.precision_mode, path, cpu.flags(), openvino_capabilities)
-    say(chosen.why)
-    changes = {"engine": chosen.engine, "precision_mode": chosen.precision_mode}
-    if choice.precision_mode == "auto" and not choice.precision_min_cosine:
-        changes["precision_min_cosine"] = auto_choice.AUTO_MIN_COSINE
-    note = f"engine=auto -> {chosen.engine} ({chosen.refused})" if chosen.refused else ""
-    return options.replace(**changes), note
-
-
 def _instance_index(name: str, instance: InstanceInfo, config: Mapping[str, Any]) -> int:
     """This instance's index among its model's instances, which picks its entry of `device_ids`."""
     from gebackend.runtime.pinning import instance_position
 
     return instance_position(name, instance.name, config.get("instance_group") or [], instance.device_id).index
-
-
-def _auto_openvino(written: BackendOptions, resolved: BackendOptions) -> bool:
-    """Whether OpenVINO serves this model because `engine=auto` chose it (not because the user named it)."""
-    return written.engines.engine == "auto" and resolved.engines.engine == "openvino"
-
-
-def _onnxruntime_only(options: BackendOptions, signature: Signature) -> tuple[str, str] | None:
-    """Why only ONNX Runtime serves this model (the load log's reason, the refusal's subject), or None: custom operator
-    libraries load into ONNX Runtime only; OpenVINO runs STRING tensors, but OpenVINO 2026.4's string tensors corrupt
-    the process's heap (after one run, freeing the compiled model aborts with `free(): invalid pointer`: an unload or
-    reload kills the instance), so here they run on ONNX Runtime alone."""
-    if options.session.custom_op_libraries:
-        return ("model_operations' custom operator libraries load into ONNX Runtime only",
-                f"model_operations' op_library_filename {list(options.session.custom_op_libraries)} holds ONNX Runtime "
-                f"custom operators")
-    strings = [t.name for t in (*signature.inputs, *signature.outputs) if t.dtype.triton == "TYPE_STRING"]
-    if strings:
-        return (f"STRING tensors {strings}: served on ONNX Runtime only",
-                f"the model's STRING tensors {strings} are served on ONNX Runtime only (OpenVINO's string tensors "
-                f"corrupt the process's memory)")
-    return None
 
 
 def _heartbeat(spec: ModelSpec) -> Heartbeat | None:
