@@ -12,7 +12,7 @@ from pathlib import Path
 
 import psutil
 
-from gebackend.server.ports import free_ports
+from gebackend.server.ports import free_ports, port_taken
 
 GEBACKEND = [sys.executable, "-m", "gebackend.cli.main"]
 
@@ -75,16 +75,6 @@ class PortTaken(RuntimeError):
     pass
 
 
-# the CLI's refusal of a port in use when it starts; tritonserver's when another process bound the port while the
-# models loaded (it binds after loading: a concurrent test run's server can take it meanwhile)
-_PORT_TAKEN = ("is already in use", "failed to start HTTP service", "failed to start GRPC service",
-               "failed to start Metrics service")
-
-
-def _port_taken(output: str) -> bool:
-    return any(sign in output for sign in _PORT_TAKEN)
-
-
 def _start_once(repo: Path, log_path: Path, cli_args: list[str], timeout: float) -> RunningServer:
     ports = free_ports(3)
     cmd = GEBACKEND + [
@@ -100,7 +90,7 @@ def _start_once(repo: Path, log_path: Path, cli_args: list[str], timeout: float)
         if "gebackend: ready" in server.output():
             return server
         if process.poll() is not None:
-            error = PortTaken if _port_taken(server.output()) else RuntimeError
+            error = PortTaken if port_taken(server.output()) else RuntimeError
             raise error(f"gebackend serve exited with {process.returncode}:\n{server.output()[-5000:]}")
         time.sleep(0.25)
     server.stop()

@@ -2,7 +2,7 @@
 
 import socket
 
-from gebackend.server.ports import free_ports, port_in_use, shared_port
+from gebackend.server.ports import free_ports, port_in_use, port_taken, shared_port
 
 
 def test_free_ports_are_distinct_and_free():
@@ -24,3 +24,9 @@ def test_shared_port_names_both_services():
     assert shared_port({"HTTP": 8000, "gRPC": 8000, "metrics": 8002}) == (
         "HTTP and gRPC are both given port 8000; each service needs its own")
     assert "HTTP and metrics" in shared_port({"HTTP": 9, "gRPC": 8, "metrics": 9})
+
+
+def test_port_taken_reads_the_cli_and_tritonserver_refusals():
+    assert port_taken("gebackend: HTTP port 8000 is already in use; choose another with --http-port")
+    assert port_taken("E1207 failed to start GRPC service: Unavailable - Socket '0.0.0.0:8001' already in use")
+    assert not port_taken("gebackend: model 'x' failed to load: no model file")

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from gebackend.server.layout import extra_backends_env
-from gebackend.server.ports import free_ports
+from gebackend.server.ports import free_ports, port_taken
 
 GEBACKEND = [sys.executable, "-m", "gebackend.cli.main"]
 _FAILED = re.compile(r"gebackend: model '([^']+)' failed to load: (.*)")
@@ -61,11 +61,27 @@ class BenchServer:
 
 
 def start(repo: Path, log_path: Path, cli_args: Sequence[str] = (), timeout: float = 600,
-          extra_backends: Mapping[str, Path] | None = None) -> BenchServer:
+          extra_backends: Mapping[str, Path] | None = None, attempts: int = 3) -> BenchServer:
     """Start `gebackend serve REPO` and wait for "gebackend: ready" (raises ServeError with the log tail).
 
     `extra_backends` (backend name -> folder, e.g. the peer's onnxruntime backend) are laid out beside ours in the
-    server's backends folder ($GE_EXTRA_BACKENDS, gebackend.server.layout)."""
+    server's backends folder ($GE_EXTRA_BACKENDS, gebackend.server.layout). A server that exits because another
+    process took one of its ports between their pick and its bind is started again on new ones, `attempts` in all."""
+    for attempt in range(1, attempts + 1):
+        try:
+            return _start_once(repo, log_path, cli_args, timeout, extra_backends)
+        except _PortTaken as exc:
+            if attempt == attempts:
+                raise ServeError(str(exc)) from None
+    raise AssertionError("unreachable")
+
+
+class _PortTaken(RuntimeError):
+    pass
+
+
+def _start_once(repo: Path, log_path: Path, cli_args: Sequence[str], timeout: float,
+                extra_backends: Mapping[str, Path] | None) -> BenchServer:
     ports = free_ports(3)
     cmd = GEBACKEND + [
         "serve", str(repo),
@@ -83,7 +99,8 @@ def start(repo: Path, log_path: Path, cli_args: Sequence[str] = (), timeout: flo
             if "gebackend: ready" in server.output():
                 return server
             if process.poll() is not None:
-                raise ServeError(f"gebackend serve exited with {process.returncode}:\n{_tail(server.output())}")
+                error = _PortTaken if port_taken(server.output()) else ServeError
+                raise error(f"gebackend serve exited with {process.returncode}:\n{_tail(server.output())}")
             time.sleep(0.25)
     except BaseException:
         server.stop()  # Ctrl-C while the server starts must not leave it running

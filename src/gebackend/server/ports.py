@@ -38,3 +38,14 @@ def shared_port(ports: dict[str, int]) -> str | None:
             return f"{seen[port]} and {label} are both given port {port}; each service needs its own"
         seen[port] = label
     return None
+
+
+# what a server's log says when a port it was given was taken: the CLI's refusal when it starts, tritonserver's when
+# another process bound the port while the models loaded (tritonserver binds after loading)
+_PORT_TAKEN = ("is already in use", "failed to start HTTP service", "failed to start GRPC service",
+               "failed to start Metrics service")
+
+
+def port_taken(output: str) -> bool:
+    """Whether a server that exited did so because one of its ports was taken (another start may get free ones)."""
+    return any(sign in output for sign in _PORT_TAKEN)
