@@ -136,14 +136,16 @@ def _locked(lock: Path, log: Callable[[str], None], what: str):
 
 
 def cached(model: str, model_path: Path, key: str, name: str, build: Callable[[Path, str], Path],
-           log: Callable[[str], None], what: str, verb: str, environ=os.environ) -> tuple[Path, str]:
+           log: Callable[[str], None], what: str, verb: str, environ=os.environ,
+           leaf: tuple[str, str, str] = (LEAF, "the lowered-precision model cache", "set precision_mode=origin")
+           ) -> tuple[Path, str]:
     """The cached file for `key` (`name` with the key in it), made by `build(folder, file name)` on a miss;
-    (its path, "quantized" | "reused")."""
+    (its path, "quantized" | "reused"). `leaf`: the cache's folder name, what it is and how to do without it (the
+    error's words where no folder is writable)."""
     # beside the file a symlink points to: the repositories the bench and `gebackend tune` generate link one model
     # file into each candidate's folder, and every candidate then reuses one entry
     real = Path(os.path.realpath(model_path))
-    folder = first_writable(candidates(real, model, LEAF, environ), "the lowered-precision model cache",
-                            "set precision_mode=origin")
+    folder = first_writable(candidates(real, model, leaf[0], environ), leaf[1], leaf[2])
     stem, _, suffix = name.rpartition(".")
     entry = folder / f"{stem}.{key[:20]}.{suffix}"
     with _locked(folder / f"{entry.name}.lock", log, what):
