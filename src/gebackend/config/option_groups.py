@@ -30,6 +30,9 @@ class OrtSessionOptions:
     # graph mode (static ORT graphs: SkipLayerNormFusion, see engines/onnxruntime.py); "none": nothing disabled.
     disabled_optimizers: tuple[str, ...] | None = None
     disable_prepacking: bool = False  # ORT packs MatMul weights per session: off saves ~the MatMul weights per bucket
+    # one copy of the weights for every instance: the dynamic graph loads a file of ONNX Runtime's prepacked weights,
+    # mapped read-only and shared ("auto": models of 64 MiB or more, on the CPU; engines/ort_shared_weights.py)
+    share_weights: str = "auto"
     # the arenas every ORT run shrinks back ("cpu:0", "cpu:0;gpu:0"; Triton's onnxruntime backend key
     # memory.enable_memory_arena_shrinkage): config/arena_shrinkage.py
     arena_shrinkage: str = ""

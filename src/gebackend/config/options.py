@@ -221,6 +221,7 @@ _KEYS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "disabled_optimizers": ("disabled_optimizers", _optimizer_list),
     "pin_instances": ("pin_instances", _auto_bool),
     "disable_prepacking": ("disable_prepacking", _bool),
+    "share_weights": ("share_weights", _auto_bool),
     arena_shrinkage.RUN_CONFIG_KEY: ("arena_shrinkage", arena_shrinkage.parse),
     "session.use_device_allocator_for_initializers": ("device_allocator_for_initializers", _one_or_zero),
     "allow_spinning": ("allow_spinning", _auto_bool),

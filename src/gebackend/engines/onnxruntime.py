@@ -147,6 +147,7 @@ class OrtEngine(Engine):
         run_config, self._arena_text = arena_run_config(options.session, self._selection)
         self.run_options = run_options_config(run_config)  # None unless memory.enable_memory_arena_shrinkage is set
         self._upgraded_from: int | None = None  # the file's opset, when it runs converted (`_open`)
+        self._shared: tuple[Path, Path, str] | None = None  # (our file, the file sessions load, the load line's words)
         self._swap = ProfilingSwap(self._open())
         self._values = bfloat16.needs_values(self._swap.serving)  # bfloat16 tensors: runs with OrtValues
 
@@ -180,12 +181,30 @@ class OrtEngine(Engine):
             so.enable_profiling = True
             so.profile_file_prefix = str(profile_prefix)
         try:
-            session = open_session(self._path, so, self._selection, self._disabled, fallback=not self._selection.accelerated)
+            session = open_session(self._source(), so, self._selection, self._disabled,
+                                   fallback=not self._selection.accelerated)
         except Exception as exc:
             hint = custom_ops_hint(str(exc), self._options.session.custom_op_libraries)
             raise ModelLoadError(f"ONNX Runtime cannot load {self._path}: {exc}{hint}") from None
         self._selection.verify(session.get_providers())
         return session
+
+    def _source(self) -> Path:
+        """The file sessions load: ours, or the one file of prepacked weights every instance maps
+        (`share_weights`, engines/ort_shared_weights.py), made once for each file we serve."""
+        if self._shared is None or self._shared[0] != self._path:
+            from gebackend.engines.ort_shared_weights import shared_file
+
+            def writer_options() -> ort.SessionOptions:
+                so = session_options(self._options.session)
+                so.log_severity_level = 3  # ONNX Runtime warns that the file it writes is for this CPU: it is
+                return so
+
+            cpu_only = self._selection.kind.name == "cpu" and not self._selection.accelerated
+            source, text = shared_file(self._path, self._options.session, cpu_only, writer_options,
+                                       tuple(self._disabled), lambda message: None)
+            self._shared = (self._path, source, text)
+        return self._shared[1]
 
     def run(self, feeds: Mapping[str, np.ndarray], output_names: Sequence[str]) -> list[np.ndarray]:
         try:
@@ -218,6 +237,7 @@ class OrtEngine(Engine):
             f"{describe_tuning(o, self._disabled)}{describe_provider(self._selection)}"
             f"{' ' + self._arena_text if self._arena_text else ''}"
             f"{self._upgrade_text()}"
+            f"{self._shared[2] if self._shared is not None else ''}"
         )
 
     def _upgrade_text(self) -> str:
