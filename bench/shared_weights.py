@@ -24,33 +24,14 @@ import numpy as np
 import onnx
 import psutil
 import tritonclient.http as httpclient
-from onnx import TensorProto, helper, numpy_helper
 
 from gebackend import cpu
 from gebackend.bench import server as bench_server
 from gebackend.config.onnx_signature import read_signature
 from gebackend.files import link_or_copy
+from gebackend.modelzoo import build_weights_mlp
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def build_mlp(mib: int, width: int = 1024) -> onnx.ModelProto:
-    """MatMul layers of [width, 4*width] and back, fp32, about `mib` MiB of weights: a model whose memory is its weights."""
-    rng = np.random.default_rng(0)
-    layers = max(1, round(mib / (2 * width * 4 * width * 4 / 2**20)))
-    nodes, weights, x = [], [], "x"
-    for i in range(layers):
-        for j, shape in enumerate(((width, 4 * width), (4 * width, width))):
-            weights.append(numpy_helper.from_array((rng.standard_normal(shape) * 0.02).astype(np.float32), f"w{i}_{j}"))
-        nodes += [helper.make_node("MatMul", [x, f"w{i}_0"], [f"h{i}"]), helper.make_node("Relu", [f"h{i}"], [f"r{i}"]),
-                  helper.make_node("MatMul", [f"r{i}", f"w{i}_1"], [f"y{i}"])]
-        x = f"y{i}"
-    nodes.append(helper.make_node("Identity", [x], ["y"]))
-    graph = helper.make_graph(nodes, "mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", width])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", width])], weights)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 9
-    return model
 
 
 def request_inputs(path: Path, batch: int = 1) -> list[httpclient.InferInput]:
@@ -177,7 +158,7 @@ def main() -> None:
         model = args.onnx
         if model is None:
             model = Path(work) / "mlp.onnx"
-            onnx.save(build_mlp(args.mib), str(model))
+            onnx.save(build_weights_mlp(args.mib), str(model))
         rows = []
         for round_ in range(args.rounds):
             for n in counts:

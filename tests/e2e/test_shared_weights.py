@@ -12,8 +12,8 @@ import onnx
 import onnxruntime as ort
 import pytest
 import tritonclient.http as httpclient
-from onnx import TensorProto, helper, numpy_helper
 
+from gebackend.modelzoo import build_weights_mlp
 from gebackend.server.stubs import stub_identity
 
 from .conftest import add_model, params
@@ -21,29 +21,12 @@ from .server import start_server
 
 pytestmark = pytest.mark.e2e
 
-WIDTH, HIDDEN = 1024, 4096  # two layers of two [1024, 4096] fp32 weights: 64 MiB, share_weights=auto's threshold
-WEIGHTS_MIB = 64
+WIDTH = 1024
+WEIGHTS_MIB = 64  # share_weights=auto's threshold: two layers of two [1024, 4096] fp32 weights
 CONFIG = """backend: "ge"
 max_batch_size: 8
 instance_group [ { count: 2, kind: KIND_CPU } ]
 """
-
-
-def build_mlp() -> onnx.ModelProto:
-    rng = np.random.default_rng(0)
-    nodes, weights, x = [], [], "x"
-    for i in range(2):
-        weights += [numpy_helper.from_array((rng.standard_normal((WIDTH, HIDDEN)) * 0.02).astype(np.float32), f"w{i}a"),
-                    numpy_helper.from_array((rng.standard_normal((HIDDEN, WIDTH)) * 0.02).astype(np.float32), f"w{i}b")]
-        nodes += [helper.make_node("MatMul", [x, f"w{i}a"], [f"h{i}"]), helper.make_node("Relu", [f"h{i}"], [f"r{i}"]),
-                  helper.make_node("MatMul", [f"r{i}", f"w{i}b"], [f"y{i}"])]
-        x = f"y{i}"
-    nodes.append(helper.make_node("Identity", [x], ["y"]))
-    graph = helper.make_graph(nodes, "mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", WIDTH])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", WIDTH])], weights)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 9
-    return model
 
 
 def mapped_weights(pid: int) -> tuple[int, int]:
@@ -64,7 +47,7 @@ def mapped_weights(pid: int) -> tuple[int, int]:
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     repo = tmp_path_factory.mktemp("shared") / "models"
-    path = add_model(repo, "mlp_shared", CONFIG, build_mlp())
+    path = add_model(repo, "mlp_shared", CONFIG, build_weights_mlp(WEIGHTS_MIB, WIDTH))
     add_model(repo, "mlp_own", CONFIG + params(share_weights="off"), onnx.load(str(path)))
     server = start_server(repo, repo.parent / "serve.log")
     yield server, path

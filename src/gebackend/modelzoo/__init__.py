@@ -21,6 +21,7 @@ from .misc import (
     build_nonzero,
     build_row_scale,
     build_spin,
+    build_weights_mlp,
 )
 from .ragged import RAGGED_SUM_CONFIG, build_ragged_sum
 from .resnet import build_qdq_resnet, build_resnet
@@ -50,6 +51,7 @@ __all__ = [
     "build_scale_shift",
     "build_spin",
     "build_streaming_gru",
+    "build_weights_mlp",
     "initializers_as_inputs",
     "scale_shift_reference",
 ]

@@ -1,8 +1,8 @@
 """Tiny test models: ``build_add_mul`` (dynamic batch, two outputs), ``build_identity_fixed`` (static, no batch dim),
 ``build_spin`` (runs as long as asked), ``build_row_scale`` (an input with only the batch dim),
 the graph-pass fixtures ``build_mod_constant``, ``build_constant_of_shape_weight`` and ``build_nonzero``, and
-``build_string_normalizer`` (a scikit-learn style text step) and ``build_zipmap_classifier`` (a scikit-learn
-classifier as skl2onnx exports it by default).
+``build_string_normalizer`` (a scikit-learn style text step), ``build_zipmap_classifier`` (a scikit-learn
+classifier as skl2onnx exports it by default) and ``build_weights_mlp`` (a model whose memory is its weights).
 """
 
 from __future__ import annotations
@@ -150,6 +150,20 @@ def build_bf16_mlp(seed: int = 0) -> onnx.ModelProto:
     return g.build([tensor_info("x", bf16, ["batch", 64])],
                    [tensor_info("y", bf16, ["batch", 32]), tensor_info("y32", FLOAT, ["batch", 32])],
                    doc="bfloat16 in and out, a float32 MLP inside (gebackend test model).")
+
+
+def build_weights_mlp(mib: int = 64, width: int = 1024, seed: int = 0) -> onnx.ModelProto:
+    """Float32 MatMul layers ``[width, 4*width]`` then back to ``width``, Relu between, about ``mib`` MiB of random
+    weights (32 MiB a layer at width 1024): a model whose memory is its weights. ``x`` ``[batch, width]`` -> ``y``."""
+    g = GraphBuilder("weights_mlp", seed)
+    layers = max(1, round(mib * 2**20 / (2 * width * 4 * width * 4)))
+    x = "x"
+    for _ in range(layers):
+        x = g.op("MatMul", g.op("Relu", g.op("MatMul", x, g.normal("w", [width, 4 * width], 0.02))),
+                 g.normal("w", [4 * width, width], 0.02))
+    g.op("Identity", x, name="y")
+    return g.build([tensor_info("x", FLOAT, ["batch", width])], [tensor_info("y", FLOAT, ["batch", width])],
+                   doc="MatMul layers whose weights are the model's memory (gebackend test model).")
 
 
 CONTRIB = "ai.onnx.contrib"  # onnxruntime-extensions' operator domain
