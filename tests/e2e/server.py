@@ -2,19 +2,31 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 import psutil
 
 from gebackend.server.ports import free_ports, port_taken
 
 GEBACKEND = [sys.executable, "-m", "gebackend.cli.main"]
+
+
+@contextlib.contextmanager
+def taken_port() -> Iterator[int]:
+    """A port another process listens on while the block runs (on every address, as a server would take it)."""
+    with socket.socket() as taken:
+        taken.bind(("0.0.0.0", 0))
+        taken.listen()
+        yield taken.getsockname()[1]
 
 
 @dataclass

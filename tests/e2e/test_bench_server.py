@@ -3,8 +3,6 @@ its pick and the server's bind costs a retry on new ports, not the measurement."
 
 from __future__ import annotations
 
-import socket
-
 import numpy as np
 import pytest
 import tritonclient.http as httpclient
@@ -14,6 +12,7 @@ from gebackend.modelzoo import build_add_mul
 from gebackend.server.ports import free_ports
 
 from .conftest import ADD_MUL_CONFIG, add_model
+from .server import taken_port
 
 pytestmark = pytest.mark.e2e
 
@@ -21,10 +20,7 @@ pytestmark = pytest.mark.e2e
 def test_a_port_taken_before_the_bind_is_retried_on_new_ones(tmp_path, monkeypatch):
     repo = tmp_path / "repo"
     add_model(repo, "add_mul", ADD_MUL_CONFIG, build_add_mul())
-    with socket.socket() as taken:
-        taken.bind(("0.0.0.0", 0))
-        taken.listen()
-        port = taken.getsockname()[1]
+    with taken_port() as port:
         picks = iter([[port, *free_ports(2)]])  # the first pick's HTTP port is the one taken
         real = bench_server.free_ports
         monkeypatch.setattr(bench_server, "free_ports", lambda count: next(picks, None) or real(count))

@@ -7,7 +7,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import threading
 import time
@@ -26,7 +25,7 @@ from gebackend.modelzoo import build_add_mul, build_bert
 from gebackend.server.ports import free_ports
 
 from .conftest import ADD_MUL_CONFIG, BERT_BUCKETS, add_model, params
-from .server import GEBACKEND, RunningServer, start_server
+from .server import GEBACKEND, RunningServer, start_server, taken_port
 
 pytestmark = pytest.mark.e2e
 
@@ -304,10 +303,7 @@ def _port_flags(http: int, grpc: int, metrics: int) -> list[str]:
 def test_port_in_use_fails_fast_with_reason(tmp_path):
     repo = tmp_path / "repo"
     add_model(repo, "add_mul", ADD_MUL_CONFIG, build_add_mul())
-    with socket.socket() as taken:
-        taken.bind(("0.0.0.0", 0))
-        taken.listen()
-        port = taken.getsockname()[1]
+    with taken_port() as port:
         started = time.monotonic()
         done = subprocess.run(
             GEBACKEND + ["serve", str(repo), *_port_flags(port, *free_ports(2))],
