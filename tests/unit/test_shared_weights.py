@@ -30,7 +30,7 @@ def write_matmul(path: Path, rows: int = 256) -> Path:
 
 def decide(path: Path, cpu_only: bool = True, **options):
     session = BackendOptions.make(**options).session
-    return ort_shared_weights.shared_file(path, session, cpu_only, lambda: session_options(session), (), lambda m: None)
+    return ort_shared_weights.shared_file(path, session, cpu_only, lambda: session_options(session), ())
 
 
 def test_off_and_small_models_keep_their_own_file(tmp_path):

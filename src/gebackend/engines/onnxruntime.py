@@ -202,7 +202,7 @@ class OrtEngine(Engine):
 
             cpu_only = self._selection.kind.name == "cpu" and not self._selection.accelerated
             source, text = shared_file(self._path, self._options.session, cpu_only, writer_options,
-                                       tuple(self._disabled), lambda message: None)
+                                       tuple(self._disabled))
             self._shared = (self._path, source, text)
         return self._shared[1]
 

@@ -29,7 +29,7 @@ VERSION = "1"  # bump when what is written changes
 
 
 def shared_file(path: Path, options: OrtSessionOptions, cpu_only: bool, make_options: Callable,
-                disabled: tuple[str, ...], log: Callable[[str], None]) -> tuple[Path, str]:
+                disabled: tuple[str, ...]) -> tuple[Path, str]:
     """The file the session loads (`path`, or the shared file) and the load line's words on it ("" when nothing
     was shared and nothing was asked). `make_options()`: the serving session's options, to write the file with."""
     asked = options.share_weights
@@ -46,7 +46,7 @@ def shared_file(path: Path, options: OrtSessionOptions, cpu_only: bool, make_opt
     if asked == "auto" and size < SHARE_MIN_BYTES:
         return path, ""
     try:
-        shared, event = _build(path, options, make_options, disabled, log)
+        shared, event = _build(path, options, make_options, disabled)
     except Exception as exc:  # noqa: BLE001 - a cache that cannot be written serves the model's own file
         return path, f" share_weights: not shared ({type(exc).__name__}: {str(exc).strip()[:200]})"
     return shared, (f" share_weights: {size >> 20} MiB of weights mapped from {shared.name} "
@@ -64,8 +64,8 @@ def _refused(options: OrtSessionOptions, cpu_only: bool) -> str:
     return ""
 
 
-def _build(path: Path, options: OrtSessionOptions, make_options: Callable, disabled: tuple[str, ...],
-           log: Callable[[str], None]) -> tuple[Path, str]:
+def _build(path: Path, options: OrtSessionOptions, make_options: Callable, disabled: tuple[str, ...]
+           ) -> tuple[Path, str]:
     from gebackend import cpu
     from gebackend.compile.ort_session import open_session
     from gebackend.compile.precision_cache import cache_key, cached
@@ -85,5 +85,6 @@ def _build(path: Path, options: OrtSessionOptions, make_options: Callable, disab
         return_freed_memory()  # its weights and their packed copy: the instance keeps neither (measured: 462 -> 268 MiB)
         return target
 
-    return cached(path.stem, path, key, f"{path.stem}.shared.onnx", write, log, "share_weights",
+    # the load line says whether the file was written or reused; the cache's own messages go nowhere
+    return cached(path.stem, path, key, f"{path.stem}.shared.onnx", write, lambda message: None, "share_weights",
                   "wrote the shared weights", leaf=CACHE)
