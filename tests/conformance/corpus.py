@@ -366,16 +366,67 @@ def run_share(worker: int, workers: int, engines: Sequence[str]) -> dict[str, di
     return results
 
 
-def run_all(engines: Sequence[str] | None = None, workers: int | None = None) -> dict[str, dict[str, str | None]]:
-    """Every case through every engine (plain, dynamic, static), split over `workers` spawned processes."""
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
+class Run:
+    """The corpus running in `workers` spawned processes (each a share of the cases, see `run_share`) while the caller
+    goes on; `results()` waits for them. `niceness` lowers the workers' CPU priority: at 19 they take only the
+    cores the rest of a test run leaves idle."""
 
-    engines = list(engines or available_engines())
-    workers = workers or max(1, min(2, os.cpu_count() or 1))
-    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-        shares = [pool.submit(run_share, w, workers, engines) for w in range(workers)]
-        results: dict[str, dict[str, str | None]] = {}
-        for share in shares:
-            results.update(share.result())
-    return dict(sorted(results.items()))
+    def __init__(self, engines: Sequence[str] | None = None, workers: int | None = None, niceness: int = 0):
+        import multiprocessing
+
+        engines = list(engines or available_engines())
+        workers = workers or max(1, min(2, os.cpu_count() or 1))
+        self._pool = multiprocessing.get_context("spawn").Pool(workers, initializer=_lower_priority, initargs=(niceness,))
+        self._shares = [self._pool.apply_async(run_share, (w, workers, engines)) for w in range(workers)]
+
+    def results(self) -> dict[str, dict[str, str | None]]:
+        try:
+            found: dict[str, dict[str, str | None]] = {}
+            for share in self._shares:
+                found.update(share.get())
+        finally:
+            self.cancel()
+        return dict(sorted(found.items()))
+
+    def cancel(self) -> None:
+        self._pool.terminate()
+        self._pool.join()
+
+
+def _lower_priority(niceness: int) -> None:
+    """A worker's CPU priority. Linux's autogroup scheduling shares the CPU fairly between sessions first (a server
+    started in a session of its own would get no more than these workers), so a lowered worker also starts a session
+    of its own and gives that group the same niceness."""
+    if niceness:
+        with contextlib.suppress(OSError):
+            os.setsid()
+        with contextlib.suppress(OSError):
+            Path("/proc/self/autogroup").write_text(str(niceness))
+    os.nice(niceness)
+
+
+_early: Run | None = None
+
+
+def start_early() -> None:
+    """Start the whole corpus now, at the lowest CPU priority; the next `run_all()` with no arguments returns it."""
+    global _early
+    if _early is None:
+        _early = Run(niceness=19)
+
+
+def cancel_early() -> None:
+    global _early
+    if _early is not None:
+        _early.cancel()
+        _early = None
+
+
+def run_all(engines: Sequence[str] | None = None, workers: int | None = None) -> dict[str, dict[str, str | None]]:
+    """Every case through every engine (plain, dynamic, static), split over `workers` spawned processes (or the run
+    `start_early` started)."""
+    global _early
+    if _early is not None and engines is None and workers is None:
+        run, _early = _early, None
+        return run.results()
+    return Run(engines, workers).results()

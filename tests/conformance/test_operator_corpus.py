@@ -3,9 +3,10 @@ passes through gebackend, in both graph modes.
 
 One test per engine walks the whole corpus (see `corpus.py`) and reports every mismatch at once; the plain
 engines' results are computed in the same run (once per process, shared by the tests), so what "plain passes"
-means follows the machine (CPU features, engine versions). The runs are split over two spawned processes:
-about 2.5 minutes for both engines on a 2-core machine. `python -m tests.conformance.report`
-prints the same numbers and every exception.
+means follows the machine (CPU features, engine versions). The runs are split over two spawned processes: about
+2.5 minutes for both engines on an idle 2-core machine; in a whole test run they start with it, at the lowest CPU
+priority, and these tests run last (conftest.py). `python -m tests.conformance.report` prints the same numbers and
+every exception.
 """
 
 from __future__ import annotations
