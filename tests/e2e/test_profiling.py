@@ -155,6 +155,32 @@ def test_metrics_move_with_traffic(server):
     assert metric(text, "gebackend_fallback_runs_total", model="bert_ge_fallback") == fallback_before + 1
 
 
+def test_execute_phases_count_every_batch_and_fit_inside_tritons_compute_time(server):
+    """gebackend_execute_seconds_total{phase} and gebackend_executions_total: one execution per batch Triton ran
+    (its nv_inference_exec_count), the engine's share above zero, and the four phases together within Triton's own
+    compute time of those requests (one request a batch here: Triton's per-request time is the batch's)."""
+    model = "bert_ge"
+    time.sleep(1.5)  # what earlier tests ran is published
+    before = scrape(server)
+
+    def ours(text, phase=None):
+        if phase is None:
+            return metric(text, "gebackend_executions_total", model=model)
+        return metric(text, "gebackend_execute_seconds_total", model=model, phase=phase)
+
+    for i in range(4):
+        infer(server, "http", model, bert_feeds(2, 16, i))
+    after = scrape_when(server, lambda t: ours(t) >= ours(before) + 4)
+    triton_runs = metric(after, "nv_inference_exec_count", model=model) - metric(before, "nv_inference_exec_count", model=model)
+    assert ours(after) - ours(before) == triton_runs == 4
+    spent = {phase: ours(after, phase) - ours(before, phase) for phase in ("read", "prepare", "engine", "respond")}
+    assert spent["engine"] > 0 and all(v >= 0 for v in spent.values()), spent
+    compute_us = sum(metric(after, f"nv_inference_compute_{p}_duration_us", model=model)
+                     - metric(before, f"nv_inference_compute_{p}_duration_us", model=model)
+                     for p in ("input", "infer", "output"))
+    assert sum(spent.values()) <= compute_us / 1e6, (spent, compute_us)
+
+
 def test_profiling_true_captures_from_load_until_stop(tmp_path):
     repo = tmp_path / "repo"
     out = tmp_path / "captures"

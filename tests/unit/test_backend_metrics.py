@@ -10,6 +10,8 @@ import threading
 import weakref
 from types import SimpleNamespace
 
+import pytest
+
 from gebackend.triton import metrics as metrics_module
 from gebackend.triton.bridge import ServedModel
 from gebackend.triton.metrics import BackendMetrics, SeriesOwners
@@ -246,3 +248,23 @@ def test_with_the_control_folder_gone_an_instance_deletes_its_own_and_never_make
     with owners.leaving() as last:
         assert last is True
     assert not gone.exists()
+
+
+def test_the_phases_of_execute_are_published_in_seconds():
+    from gebackend.runtime.phase_clock import PhaseClock
+
+    pb, clock = _PbUtils(), PhaseClock()
+    metrics = BackendMetrics(pb, "m", _runner(), 0.0, clock=clock)
+    clock.engine(3_000_000)
+    clock.execution(read_ns=1_000_000, call_ns=5_000_000, engine_ns=3_000_000, respond_ns=500_000)
+    metrics.update()
+    clock.engine(1_000_000)
+    clock.execution(read_ns=0, call_ns=1_500_000, engine_ns=1_000_000, respond_ns=0)
+    metrics.update()
+
+    def phase(name):
+        return pb.metrics[("gebackend_execute_seconds_total", (("model", "m"), ("phase", name)))].value
+
+    assert [phase(p) for p in ("read", "prepare", "engine", "respond")] == pytest.approx([0.001, 0.0025, 0.004, 0.0005])
+    assert pb.value("gebackend_executions_total") == 2
+    assert metrics.close() is True and pb.alive() == []

@@ -317,3 +317,24 @@ def test_a_request_giving_one_dim_name_two_sizes_runs_and_a_failure_names_them(b
     assert "'bert_ge'" in message and "'sequence' = 7" in message and "'sequence' = 9" in message
     good = _bert_request(rng, 1, 9)
     bert.assert_matches_alone(good, bert.executor.execute([good])[0])
+
+
+def test_the_engine_share_of_each_batch_is_counted_once_per_run(add_mul_spec, monkeypatch):
+    """executor.clock counts the engine's runs only: a batched run that fails and is retried one by one counts each
+    run it made (a fake clock: every run takes 1,000 ns a row)."""
+    from gebackend.runtime import executor as executor_module
+
+    now = [0]
+    monkeypatch.setattr(executor_module.time, "perf_counter_ns", lambda: now[0])
+
+    class TimedEngine(MarkerEngine):
+        def run(self, feeds, output_names):
+            now[0] += 1000 * int(feeds["x"].shape[0])
+            return super().run(feeds, output_names)
+
+    executor = Executor.dynamic(add_mul_spec, TimedEngine())
+    executor.execute([_xy(2, 0), _xy(3, 1)])
+    assert executor.clock.ns["engine"] == 5000
+    executor.execute([_xy(1, 2), _xy(2, 3, marked=True)])  # 3 rows batched, then 1 and 2 alone
+    assert executor.clock.ns["engine"] == 5000 + 3000 + 1000 + 2000
+    assert executor.clock.executions == 0  # an execution is counted by its caller (triton/bridge.py), with its phases

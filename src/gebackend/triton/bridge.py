@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -107,11 +108,13 @@ class ServedModel:
         if hasattr(pb_utils, "MetricFamily"):
             metrics = BackendMetrics(pb_utils, name, instance.executor.runner, instance.load_seconds,
                                      instance.executor.trim, warn=lambda line: log.warn(line),
-                                     owners=SeriesOwners.of(name)).start()
+                                     owners=SeriesOwners.of(name), clock=instance.executor.clock).start()
         return cls(instance, pb_utils, metrics, log)
 
     def execute(self, requests: list) -> list:
         pb = self.pb
+        clock = self.instance.executor.clock
+        started = time.perf_counter_ns()
         batch, taken, refused = [], [], {}  # a request whose tensors cannot be read fails alone
         for index, request in enumerate(requests):
             try:
@@ -122,7 +125,9 @@ class ServedModel:
         keys = None
         if self.instance.sequences is not None:  # a stateful model: which sequence each request continues
             keys = [SequenceKey(request.correlation_id(), request.flags()) for request in taken]
+        read, engine_before = time.perf_counter_ns(), clock.ns["engine"]
         ran = iter(self.instance.execute(batch, keys) if batch else ())
+        called = time.perf_counter_ns()
         results = [refused[index] if index in refused else next(ran) for index in range(len(requests))]
         responses = []
         for request, result in zip(requests, results):
@@ -136,6 +141,7 @@ class ServedModel:
             tensors = [self._tensor(name, self._to_wire(name, to_triton(result[name]))) for name in wanted
                        if name in result]
             responses.append(pb.InferenceResponse(output_tensors=tensors))
+        clock.execution(read - started, called - read, clock.ns["engine"] - engine_before, time.perf_counter_ns() - called)
         return responses
 
     def _feeds(self, request) -> dict[str, np.ndarray]:

@@ -8,6 +8,8 @@
 - `gebackend_bucket_run_seconds{model,bucket}`: the cost of one run of each bucket that the static graph's plans
   come from (pad or split, measured at load), where it measures them;
 - `gebackend_compile_seconds{model}`: how long loading and compiling the model took.
+- `gebackend_execute_seconds_total{model,phase}` and `gebackend_executions_total{model}`: where the instances'
+  execute() time goes (phases `read`, `prepare`, `engine`, `respond`: runtime/phase_clock.py), and how many calls.
 - `gebackend_token_positions_total{model}` / `gebackend_trimmed_positions_total{model}` (trim_padding): positions of
   the cut input sent (rows x length), and how many of them were cut off before the engine ran.
 
@@ -43,6 +45,7 @@ from gebackend.cache_dir import safe_name
 from gebackend.control import env as control_env
 from gebackend.control.procfs import is_running, own_start_time
 from gebackend.runtime.buckets import DYNAMIC
+from gebackend.runtime.phase_clock import PHASES, PhaseClock
 
 PUBLISH_SECONDS = 1.0
 JOIN_SECONDS = 5.0  # a publish is a few round trips of microseconds: a thread alive after this is stuck
@@ -112,7 +115,8 @@ def _keep_for_good(objects: list) -> None:
 
 class BackendMetrics:
     def __init__(self, pb_utils: Any, model: str, runner: Any, compile_seconds: float, trimmer: Any = None,
-                 warn: Callable[[str], None] | None = None, owners: SeriesOwners | None = None):
+                 warn: Callable[[str], None] | None = None, owners: SeriesOwners | None = None,
+                 clock: PhaseClock | None = None):
         family = pb_utils.MetricFamily
         self.model = model
         self._owners = owners
@@ -151,6 +155,15 @@ class BackendMetrics:
                                family("gebackend_trimmed_positions_total", "Of those, positions cut off before the "
                                       "engine ran", family.COUNTER)]
             self._positions, self._trimmed = (f.Metric(labels=labels) for f in self._families[-2:])
+        self.clock = clock
+        self._phases: list = []
+        self._executions = None
+        if clock is not None:
+            self._families += [family("gebackend_execute_seconds_total", "Seconds of the instances' execute() calls, "
+                                      "per phase (read, prepare, engine, respond)", family.COUNTER),
+                               family("gebackend_executions_total", "execute() calls (batches)", family.COUNTER)]
+            self._phases = [self._families[-2].Metric(labels={**labels, "phase": phase}) for phase in PHASES]
+            self._executions = self._families[-1].Metric(labels=labels)
         self._seen = self._snapshot()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -191,26 +204,33 @@ class BackendMetrics:
                 _keep_for_good(self._families)
             # the metrics first, then their families: a family's destructor deletes the metrics it made, then itself
             self._bucket, self._rows, self._padded, self._waste, self._fallback = [], None, None, None, None
-            self._positions = self._trimmed = None
+            self._positions = self._trimmed = self._executions = None
+            self._phases = []
             self._families = []
         self._warn = None
         return True
 
     def _snapshot(self) -> tuple:
-        r, t = self.runner, self.trimmer
+        r, t, c = self.runner, self.trimmer, self.clock
         trim = (t.positions, t.trimmed) if t is not None else (0, 0)
+        phases = (tuple(c.ns[phase] for phase in PHASES), c.executions) if c is not None else ((), 0)
         if not hasattr(r, "runs_per_bucket"):
-            return ((), 0, 0, 0, *trim)
+            return ((), 0, 0, 0, *trim, *phases)
         return (tuple(r.runs_per_bucket.get(i, 0) for i in self._bucket_keys), r.rows, r.padded_rows,
-                r.fallback_runs, *trim)
+                r.fallback_runs, *trim, *phases)
 
     def update(self) -> None:
-        """Publish what the runner (and the trimmer) counted since the last update."""
+        """Publish what the runner, the trimmer and the phase clock counted since the last update."""
         now = self._snapshot()
         if now == self._seen:
             return
-        runs, rows, padded, fallback, positions, trimmed = now
-        old_runs, old_rows, old_padded, old_fallback, old_positions, old_trimmed = self._seen
+        runs, rows, padded, fallback, positions, trimmed, phase_ns, executions = now
+        old_runs, old_rows, old_padded, old_fallback, old_positions, old_trimmed, old_phase_ns, old_executions = self._seen
+        for metric, new, old in zip(self._phases, phase_ns, old_phase_ns or (0,) * len(phase_ns)):
+            if new > old:
+                metric.increment((new - old) / 1e9)
+        if executions > old_executions:
+            self._executions.increment(executions - old_executions)
         if positions > old_positions:
             self._positions.increment(positions - old_positions)
         if trimmed > old_trimmed:
