@@ -376,7 +376,7 @@ class Run:
 
         engines = list(engines or available_engines())
         workers = workers or max(1, min(2, os.cpu_count() or 1))
-        self._pool = multiprocessing.get_context("spawn").Pool(workers, initializer=_lower_priority, initargs=(niceness,))
+        self._pool = multiprocessing.get_context("spawn").Pool(workers, initializer=lower_priority, initargs=(niceness,))
         self._shares = [self._pool.apply_async(run_share, (w, workers, engines)) for w in range(workers)]
 
     def results(self) -> dict[str, dict[str, str | None]]:
@@ -393,7 +393,7 @@ class Run:
         self._pool.join()
 
 
-def _lower_priority(niceness: int) -> None:
+def lower_priority(niceness: int) -> None:
     """A worker's CPU priority. Linux's autogroup scheduling shares the CPU fairly between sessions first (a server
     started in a session of its own would get no more than these workers), so a lowered worker also starts a session
     of its own and gives that group the same niceness."""
