@@ -6,11 +6,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from . import corpus
 
 HERE = Path(__file__).parent
 
 
+@pytest.hookimpl(trylast=True)  # after -k and -m have deselected what they do
 def pytest_collection_modifyitems(session, config, items):
     ours = [item for item in items if Path(item.path).parent == HERE and "results" in item.fixturenames]
     if not ours or config.option.collectonly:
