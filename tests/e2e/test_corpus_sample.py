@@ -6,6 +6,9 @@ tolerance. The in-process conformance test covers the whole corpus; this proves 
 
 from __future__ import annotations
 
+import pickle
+from pathlib import Path
+
 import numpy as np
 import onnx
 import pytest
@@ -13,6 +16,7 @@ import tritonclient.http as httpclient
 
 from gebackend.config.onnx_signature import read_signature
 from conformance import corpus  # tests/ is on sys.path (tests/e2e is a package)
+import early
 
 from .server import start_server
 
@@ -30,21 +34,29 @@ def _eligible(case: corpus.Case, path) -> bool:
     return corpus.not_servable(case, path) is None and corpus.run_plain("onnxruntime", case, path) is None
 
 
-@pytest.fixture(scope="module")
-def sampled(tmp_path_factory):
-    """Every k-th eligible case by name (deterministic), served from one repository."""
-    root = tmp_path_factory.mktemp("corpus")
-    repo = root / "models"
+@early.work
+def choose(folder: Path) -> None:
+    """Every k-th eligible case by name (deterministic): `chosen.pkl`, the cases, each with its model file here."""
     cases = sorted(corpus.load_node_cases(), key=lambda c: c.name)
     eligible = []
     for case in cases:
-        path = root / "plain" / case.name / "model.onnx"
+        path = folder / "plain" / case.name / "model.onnx"
         path.parent.mkdir(parents=True)
         onnx.save(case.model, str(path))
         if _eligible(case, path):
-            eligible.append((case, path))
+            eligible.append(case)
     step = max(1, len(eligible) // SAMPLE)
-    chosen = eligible[::step][:SAMPLE]
+    (folder / "chosen.pkl").write_bytes(pickle.dumps(eligible[::step][:SAMPLE]))
+
+
+@pytest.fixture(scope="module")
+def sampled(tmp_path_factory):
+    """The chosen cases, served from one repository."""
+    root = tmp_path_factory.mktemp("corpus")
+    repo = root / "models"
+    cases = early.folder(choose, root / "cases")
+    chosen = [(case, cases / "plain" / case.name / "model.onnx")
+              for case in pickle.loads((cases / "chosen.pkl").read_bytes())]
     for case, path in chosen:
         inputs = {t.name: t for t in read_signature(path).inputs}
         entries = ",\n".join(  # Triton's dims are >= 1 or -1: an empty input's 0 is -1

@@ -20,6 +20,8 @@ import onnxruntime as ort
 import pytest
 import tritonclient.grpc as grpcclient
 
+import early
+
 from .server import start_server
 
 pytestmark = pytest.mark.e2e
@@ -109,6 +111,7 @@ def _export_dynamo(module, args, inputs, outputs, shapes, folder):
     assert (folder / "model.onnx.data").exists()
 
 
+@early.work
 def _export_all(folder):
     torch.manual_seed(0)
     ids, mask = torch.randint(0, 1000, (2, 7)), torch.ones(2, 7, dtype=torch.int64)
@@ -152,9 +155,7 @@ def _export_all(folder):
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     root = tmp_path_factory.mktemp("transformers")
-    exported = root / "exported"
-    exported.mkdir()
-    _export_all(exported)
+    exported = early.folder(_export_all, root / "exported")
     for name, (file, config, _) in SERVED.items():
         shutil.copytree(exported / file, root / "models" / name / "1")
         (root / "models" / name / "config.pbtxt").write_text(config)
