@@ -1,6 +1,6 @@
 """Preparation a test module's fixture needs that is pure computation writing files (exporting models, choosing test
 cases): a module-level function `f(folder)` marked `@early.work` is started when the test run starts, in a worker
-process at a low CPU priority (tests/conftest.py), so it uses the cores the other tests leave idle. The fixture
+process at the lowest CPU priority (tests/conftest.py), so it uses the cores the other tests leave idle. The fixture
 takes the folder it wrote with `early.folder(f, here)`: waiting for it where it is still running, re-raising what
 it raised, or running it into `here` there and then where the run did not start it (--collect-only, say)."""
 
@@ -15,9 +15,6 @@ from typing import Callable, Iterable
 from conformance.corpus import lower_priority
 
 Work = Callable[[Path], None]
-# low, yet above the operator corpus's 19 (conformance/conftest.py): a fixture waits for this work sooner, and while
-# it waits, the idle cores go to it first; where the tests keep both cores busy it takes about a tenth of one
-NICENESS = 10
 
 _started: dict[str, tuple] = {}  # key -> (the pool's result, the folder it writes)
 _pool = None
@@ -39,7 +36,7 @@ def start(funcs: Iterable[Work]) -> None:
         if _key(func) in _started:
             continue
         if _pool is None:
-            _pool = multiprocessing.get_context("spawn").Pool(1, initializer=lower_priority, initargs=(NICENESS,))
+            _pool = multiprocessing.get_context("spawn").Pool(1, initializer=lower_priority, initargs=(19,))
         out = Path(tempfile.mkdtemp(prefix="gebackend-early-"))
         _folders.append(out)
         _started[_key(func)] = (_pool.apply_async(func, (out,)), out)
